@@ -1,0 +1,226 @@
+// lorapipe-cli: the headless front end. Subcommands: train, generate, tokenize, export, init, validate.
+// Results go to stdout, logs and progress to stderr. Every failure is one clear message and exit 1.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <iostream>
+#include <iterator>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "app/cli_printer.h"
+#include "core/errors.h"
+#include "core/generate.h"
+#include "core/llama_model.h"
+#include "core/lora.h"
+#include "core/project.h"
+#include "core/safetensors.h"
+#include "core/tensor_io.h"
+#include "core/tokenizer.h"
+#include "core/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace lorapipe;
+
+namespace {
+
+std::atomic<bool> g_stop{false};  // set by SIGINT; the only process-wide state (signal handlers need one)
+extern "C" void on_sigint(int) {
+  if (g_stop.exchange(true)) std::_Exit(130);  // second Ctrl-C: leave now
+}
+
+int fail(const std::string& msg) {
+  std::fputs(fmt::format("error: {}\n", msg).c_str(), stderr);
+  return 1;
+}
+
+struct train_args {
+  std::string project;
+  int64_t steps = -1;
+  std::string output, devices, schedule;
+  int64_t threads = -1;
+  bool json = false;
+};
+
+int cmd_train(const train_args& a) {
+  auto p = load_project(a.project);
+  if (!p) return fail(p.message());
+  auto& cfg = *p;
+  if (a.steps >= 0) cfg.run.steps = a.steps;
+  if (!a.output.empty()) cfg.run.output_dir = fs::absolute(a.output).string();
+  if (!a.devices.empty()) cfg.parallel.devices = a.devices;
+  if (!a.schedule.empty()) cfg.parallel.schedule = a.schedule;
+  if (a.threads >= 0) cfg.run.threads = a.threads;
+  cli_printer printer(a.json, isatty(STDERR_FILENO) != 0);
+  std::signal(SIGINT, on_sigint);
+  auto r = run_training(cfg, printer, &g_stop);
+  if (!r) return fail(r.message());
+  return 0;
+}
+
+struct generate_args {
+  std::string model, adapter, tokenizer, prompt, dtype = "float32";
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0, top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t threads = 0;
+  bool no_bos = false;
+};
+
+int cmd_generate(const generate_args& a) {
+  configure_threads(a.threads);
+  auto dt = parse_dtype_name(a.dtype);
+  if (!dt) return fail(dt.message());
+  auto w = load_llama(a.model, {*dt});
+  if (!w) return fail(w.message());
+  auto tok = load_tokenizer(a.tokenizer.empty() ? fs::path(a.model) : fs::path(a.tokenizer));
+  if (!tok) return fail(tok.message());
+  std::optional<lora_adapters> lora;
+  if (!a.adapter.empty()) {
+    auto l = load_peft_adapter(a.adapter, *w);
+    if (!l) return fail(l.message());
+    lora = std::move(*l);
+  }
+  auto ids = (*tok)->encode(a.prompt);
+  if (!ids) return fail(ids.message());
+  std::vector<int32_t> prompt;
+  if (!a.no_bos) prompt.push_back((*tok)->bos_id());
+  prompt.insert(prompt.end(), ids->begin(), ids->end());
+  if (prompt.empty()) return fail("empty prompt (give --prompt text, or drop --no-bos)");
+  sampling_options so{a.temperature, a.top_p, a.seed, a.max_new_tokens, (*tok)->eos_id()};
+  auto out = generate(*w, lora ? &*lora : nullptr, prompt, so);
+  if (!out.empty() && out.back() == (*tok)->eos_id()) out.pop_back();
+  std::cout << (*tok)->decode_continuation(prompt, out) << std::endl;
+  return 0;
+}
+
+int cmd_tokenize(const std::string& tokenizer_path, bool as_json) {
+  auto tok = load_tokenizer(tokenizer_path);
+  if (!tok) return fail(tok.message());
+  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  auto ids = (*tok)->encode(text);
+  if (!ids) return fail(ids.message());
+  std::cout << (as_json ? fmt::format("[{}]", fmt::join(*ids, ",")) : fmt::format("{}", fmt::join(*ids, " ")))
+            << "\n";
+  return 0;
+}
+
+int cmd_export(const std::string& model, const std::string& adapter, const std::string& out, const std::string& dtype) {
+  auto dt = parse_dtype_name(dtype);
+  if (!dt) return fail(dt.message());
+  auto w = load_llama(model, {*dt});
+  if (!w) return fail(w.message());
+  auto l = load_peft_adapter(adapter, *w);
+  if (!l) return fail(l.message());
+  auto tok_src = find_tokenizer_for_model(model);
+  auto st = export_merged(*w, *l, out, tok_src ? *tok_src : fs::path(model));
+  if (!st) return fail(st.message());
+  std::fputs(fmt::format("merged weights written to {}\n", out).c_str(), stderr);
+  return 0;
+}
+
+int cmd_init(const std::string& path, const std::string& model, const std::string& data, bool force) {
+  project_config c;
+  c.model.path = model;
+  c.data.train = data;
+  const auto text = project_to_json(c);
+  if (path.empty() || path == "-") {
+    std::cout << text;
+    return 0;
+  }
+  std::error_code ec;
+  if (fs::exists(path, ec) && !force) return fail(fmt::format("{} exists (use --force to overwrite)", path));
+  auto st = write_file_atomic(path, text);
+  if (!st) return fail(st.message());
+  std::fputs(fmt::format("wrote {}\n", path).c_str(), stderr);
+  return 0;
+}
+
+int cmd_validate(const std::string& path) {
+  auto p = load_project(path);
+  if (!p) return fail(p.message());
+  auto st = validate_project(*p);
+  if (!st) {
+    std::fputs(fmt::format("error: {} is not valid:\n{}\n", path, st.message()).c_str(), stderr);
+    return 1;
+  }
+  std::fputs(fmt::format("{}: ok\n", path).c_str(), stderr);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lorapipe-cli: LoRA fine-tuning of Llama models (headless)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "lorapipe 0.1.0");
+
+  train_args ta;
+  auto* train = app.add_subcommand("train", "Fine-tune with LoRA as described by a project file");
+  train->add_option("project", ta.project, "Project file (JSON)")->required();
+  train->add_option("--steps", ta.steps, "Override run.steps");
+  train->add_option("--output", ta.output, "Override run.output_dir");
+  train->add_option("--devices", ta.devices, "Override parallel.devices (cpu)");
+  train->add_option("--schedule", ta.schedule, "Override parallel.schedule (single)");
+  train->add_option("--threads", ta.threads, "Override run.threads");
+  train->add_flag("--json", ta.json, "Print events as JSON lines on stderr");
+
+  generate_args ga;
+  auto* gen = app.add_subcommand("generate", "Generate text (stdout: the continuation only)");
+  gen->add_option("--model", ga.model, "HF folder or llama2.c .bin")->required();
+  gen->add_option("--adapter", ga.adapter, "PEFT adapter folder");
+  gen->add_option("--tokenizer", ga.tokenizer, "Tokenizer (default: found next to the model)");
+  gen->add_option("--prompt", ga.prompt, "Prompt text")->required();
+  gen->add_option("--max-new-tokens", ga.max_new_tokens, "Tokens to generate")->required()->check(CLI::NonNegativeNumber);
+  gen->add_option("--temperature", ga.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-p", ga.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--seed", ga.seed, "Sampling seed");
+  gen->add_option("--dtype", ga.dtype, "Compute dtype: float32, bfloat16, float16");
+  gen->add_option("--threads", ga.threads, "CPU threads (0 = all)");
+  gen->add_flag("--no-bos", ga.no_bos, "Do not prepend BOS to the prompt");
+
+  std::string tok_path;
+  bool tok_json = false;
+  auto* tokz = app.add_subcommand("tokenize", "Tokenize stdin; prints ids (no BOS/EOS)");
+  tokz->add_option("--tokenizer", tok_path, "tokenizer.model or a model folder")->required();
+  tokz->add_flag("--json", tok_json, "Print a JSON list");
+
+  std::string ex_model, ex_adapter, ex_out, ex_dtype = "float32";
+  auto* exp = app.add_subcommand("export", "Merge an adapter into the base weights and write an HF folder");
+  exp->add_option("--model", ex_model, "Base model")->required();
+  exp->add_option("--adapter", ex_adapter, "PEFT adapter folder")->required();
+  exp->add_option("--output", ex_out, "Output folder")->required();
+  exp->add_option("--dtype", ex_dtype, "dtype of the merged weights");
+
+  std::string init_path, init_model, init_data;
+  bool init_force = false;
+  auto* init = app.add_subcommand("init", "Write a project file with defaults");
+  init->add_option("project", init_path, "Where to write it (default: stdout)");
+  init->add_option("--model", init_model, "model.path");
+  init->add_option("--data", init_data, "data.train");
+  init->add_flag("--force", init_force, "Overwrite an existing file");
+
+  std::string val_path;
+  auto* val = app.add_subcommand("validate", "Check a project file and report every problem");
+  val->add_option("project", val_path, "Project file")->required();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*train) return cmd_train(ta);
+    if (*gen) return cmd_generate(ga);
+    if (*tokz) return cmd_tokenize(tok_path, tok_json);
+    if (*exp) return cmd_export(ex_model, ex_adapter, ex_out, ex_dtype);
+    if (*init) return cmd_init(init_path, init_model, init_data, init_force);
+    if (*val) return cmd_validate(val_path);
+  } catch (const lorapipe_error& e) {
+    return fail(e.what());
+  } catch (const c10::Error& e) {
+    return fail(fmt::format("LibTorch: {}", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  return 0;
+}

@@ -1,0 +1,100 @@
+// Event printing for lorapipe-cli: see cli_printer.h.
+#include "app/cli_printer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace lorapipe {
+using json = nlohmann::json;
+
+namespace {
+std::string hms(double s) {
+  if (s < 0 || s > 1e7) return "--:--";
+  auto t = static_cast<long>(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02}", t / 60, t % 60);
+}
+template <class... A>
+void err(fmt::format_string<A...> f, A&&... a) {
+  std::fputs(fmt::format(f, std::forward<A>(a)...).c_str(), stderr);
+}
+}  // namespace
+
+void cli_printer::end_bar() {
+  if (bar_open_) std::fputc('\n', stderr);
+  bar_open_ = false;
+}
+
+void cli_printer::on_event(const engine_event& ev) {
+  if (json_) {
+    json j = std::visit(
+        [](const auto& e) -> json {
+          using T = std::decay_t<decltype(e)>;
+          if constexpr (std::is_same_v<T, run_started_event>)
+            return {{"event", "run_started"}, {"model", e.model}, {"parameters", e.parameters},
+                    {"lora_parameters", e.lora_parameters}, {"train_sequences", e.train_sequences},
+                    {"val_sequences", e.val_sequences}, {"total_steps", e.total_steps},
+                    {"tokens_per_step", e.tokens_per_step}, {"threads", e.threads}};
+          else if constexpr (std::is_same_v<T, step_event>)
+            return {{"event", "step"}, {"step", e.step}, {"total_steps", e.total_steps}, {"loss", e.loss},
+                    {"lr", e.lr}, {"grad_norm", e.grad_norm}, {"tokens_per_s", e.tokens_per_s},
+                    {"elapsed_s", e.elapsed_s}};
+          else if constexpr (std::is_same_v<T, eval_event>)
+            return {{"event", "eval"}, {"step", e.step}, {"val_loss", e.val_loss}};
+          else if constexpr (std::is_same_v<T, sample_event>)
+            return {{"event", "sample"}, {"when", e.when}, {"prompt", e.prompt}, {"text", e.text}};
+          else if constexpr (std::is_same_v<T, log_event>)
+            return {{"event", "log"}, {"level", e.lvl == log_event::level::info ? "info" : e.lvl == log_event::level::warning ? "warning" : "error"}, {"message", e.message}};
+          else
+            return {{"event", "run_finished"}, {"steps", e.steps}, {"first_val_loss", e.first_val_loss},
+                    {"final_val_loss", e.final_val_loss}, {"mean_tokens_per_s", e.mean_tokens_per_s},
+                    {"adapter_dir", e.adapter_dir}, {"stopped_early", e.stopped_early}};
+        },
+        ev);
+    err("{}\n", j.dump());
+    std::fflush(stderr);
+    return;
+  }
+  std::visit(
+      [&](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, run_started_event>) {
+          err("model {} ({:.2f}M params), LoRA {} trainable params\n", e.model, e.parameters / 1e6, e.lora_parameters);
+          err("data: {} train / {} validation sequences; {} steps x {} tokens; {} threads\n", e.train_sequences,
+              e.val_sequences, e.total_steps, e.tokens_per_step, e.threads);
+        } else if constexpr (std::is_same_v<T, step_event>) {
+          loss_ema_ = loss_ema_ < 0 ? e.loss : 0.9 * loss_ema_ + 0.1 * e.loss;
+          const double eta = e.elapsed_s / e.step * (e.total_steps - e.step);
+          if (tty_) {
+            if (e.elapsed_s - last_print_s_ < 0.1 && e.step != e.total_steps) return;
+            last_print_s_ = e.elapsed_s;
+            const int width = 30;
+            const int fill = static_cast<int>(width * e.step / std::max<int64_t>(1, e.total_steps));
+            err("\r[{}{}] {}/{} loss {:.4f} lr {:.2e} | {:.0f} tok/s | ETA {}  ", std::string(fill, '#'),
+                std::string(width - fill, '.'), e.step, e.total_steps, loss_ema_, e.lr, e.tokens_per_s, hms(eta));
+            bar_open_ = true;
+          } else if (e.step == 1 || e.step % 10 == 0 || e.step == e.total_steps) {
+            err("step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} | {:.0f} tok/s | {} elapsed, ETA {}\n", e.step,
+                e.total_steps, e.loss, e.lr, e.grad_norm, e.tokens_per_s, hms(e.elapsed_s), hms(eta));
+          }
+        } else if constexpr (std::is_same_v<T, eval_event>) {
+          end_bar();
+          err("step {}: validation loss {:.4f}\n", e.step, e.val_loss);
+        } else if constexpr (std::is_same_v<T, sample_event>) {
+          end_bar();
+          err("sample {} training: \"{}\" ->{}\n", e.when, e.prompt, e.text);
+        } else if constexpr (std::is_same_v<T, log_event>) {
+          end_bar();
+          err("{}{}\n", e.lvl == log_event::level::info ? "" : e.lvl == log_event::level::warning ? "warning: " : "error: ",
+              e.message);
+        } else {
+          end_bar();
+          err("done: {} steps, validation loss {:.4f} -> {:.4f}, {:.0f} tokens/s; adapter in {}{}\n", e.steps,
+              e.first_val_loss, e.final_val_loss, e.mean_tokens_per_s, e.adapter_dir,
+              e.stopped_early ? " (stopped early)" : "");
+        }
+      },
+      ev);
+  std::fflush(stderr);
+}
+
+}  // namespace lorapipe

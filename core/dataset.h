@@ -1,0 +1,54 @@
+// Plain-text corpora -> tokens -> packed fixed-length training windows, with a held-out validation
+// part and a deterministic, seedable sampler whose only state is a cursor (so runs can resume).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "core/result.h"
+#include "core/tokenizer.h"
+
+namespace lorapipe {
+
+// Windows of seq_len+1 tokens over one token stream: inputs = w[0..T), labels = w[1..T].
+struct token_windows {
+  int64_t seq_len = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> starts;
+  int64_t size() const { return static_cast<int64_t>(starts.size()); }
+  const int32_t* window(int64_t i) const { return tokens.data() + starts[i]; }
+};
+
+struct text_dataset_options {
+  std::filesystem::path path;
+  int64_t seq_len = 128;
+  double val_fraction = 0.05;  // last fraction of the token stream is held out
+  bool add_bos = true;         // each document starts with BOS
+  bool add_eos = true;         // and ends with EOS
+};
+
+struct text_dataset {
+  token_windows train, val;
+  int64_t documents = 0;
+  int64_t total_tokens = 0;
+};
+
+// Documents are separated by blank lines. Errors: missing/empty file, corpus too small for one window.
+result<text_dataset> load_text_dataset(const text_dataset_options& opt, const tokenizer& tok);
+
+// An endless, per-epoch reshuffled stream over n sequences; position `cursor` -> sequence index.
+// Deterministic in (seed, cursor), so the cursor is the whole data-loader state.
+class epoch_sampler {
+ public:
+  epoch_sampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  int64_t at(int64_t cursor);
+
+ private:
+  int64_t n_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace lorapipe

@@ -1,0 +1,187 @@
+// Project file parsing, validation and serialisation: see project.h.
+#include "core/project.h"
+
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/lora_target.h"
+#include "core/safetensors.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path project_config::resolve(const std::string& p) const {
+  if (p.empty()) return {};
+  fs::path path(p);
+  return path.is_absolute() || base_dir.empty() ? path : (base_dir / path).lexically_normal();
+}
+
+namespace {
+
+const json* find_path(const json& root, const std::string& dotted) {
+  const json* cur = &root;
+  std::stringstream ss(dotted);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(part);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+  }
+  return cur;
+}
+
+template <class T>
+std::string read_value(const json& v, T& out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return "must be true or false";
+    out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (!v.is_number_integer()) return "must be an integer";
+    out = v.get<int64_t>();
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) return "must be a number";
+    out = v.get<double>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return "must be a string";
+    out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if (!v.is_array()) return "must be a list of strings";
+    std::vector<std::string> tmp;
+    for (const auto& e : v) {
+      if (!e.is_string()) return "must be a list of strings";
+      tmp.push_back(e.get<std::string>());
+    }
+    out = tmp;
+  }
+  return {};
+}
+
+void collect_leaves(const json& j, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::string p = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object()) collect_leaves(*it, p, out);
+    else out.push_back(p);
+  }
+}
+
+}  // namespace
+
+result<project_config> parse_project(const std::string& text, const fs::path& project_file) {
+  const std::string label = project_file.string();
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    // Re-parse with exceptions to get the position of the syntax error.
+    try {
+      (void)json::parse(text);
+    } catch (const json::parse_error& e) {
+      return make_error("{}: malformed JSON: {}", label, e.what());
+    }
+    return make_error("{}: malformed JSON", label);
+  }
+  if (!j.is_object()) return make_error("{}: the project must be a JSON object", label);
+  project_config c;
+  c.base_dir = project_file.parent_path();
+  std::vector<std::string> problems;
+  std::set<std::string> known;
+  if (auto* v = find_path(j, "schema_version"); v != nullptr && v->is_number_integer() &&
+                                                v->get<int64_t>() > project_schema_version)
+    return make_error("{}: schema_version {} is newer than this build understands ({})", label, v->get<int64_t>(),
+                      project_schema_version);
+  visit_fields(c, [&](const char* path, auto& member, const char*) {
+    known.insert(path);
+    const json* v = find_path(j, path);
+    if (v == nullptr || v->is_null()) return;
+    auto err = read_value(*v, member);
+    if (!err.empty()) problems.push_back(fmt::format("{}: {}", path, err));
+  });
+  std::vector<std::string> leaves;
+  collect_leaves(j, "", leaves);
+  for (const auto& l : leaves)
+    if (!known.count(l)) problems.push_back(fmt::format("{}: unknown field", l));
+  if (!problems.empty()) return make_error("{}: {}", label, fmt::join(problems, fmt::format("\n{}: ", label)));
+  return c;
+}
+
+result<project_config> load_project(const fs::path& project_file) {
+  LP_TRY_ASSIGN(text, read_text_file(project_file));
+  return parse_project(text, project_file);
+}
+
+status validate_project(const project_config& c) {
+  std::vector<std::string> p;
+  auto need = [&](bool ok, const char* field, const std::string& msg) {
+    if (!ok) p.push_back(fmt::format("{}: {}", field, msg));
+  };
+  std::error_code ec;
+  need(c.schema_version >= 1, "schema_version", "must be 1");
+  need(!c.model.path.empty(), "model.path", "is required");
+  if (!c.model.path.empty()) need(fs::exists(c.resolve(c.model.path), ec), "model.path", fmt::format("{} does not exist", c.resolve(c.model.path).string()));
+  need(c.model.dtype == "float32" || c.model.dtype == "bfloat16" || c.model.dtype == "float16", "model.dtype",
+       "must be float32, bfloat16 or float16");
+  if (!c.tokenizer.path.empty())
+    need(fs::exists(c.resolve(c.tokenizer.path), ec), "tokenizer.path", fmt::format("{} does not exist", c.resolve(c.tokenizer.path).string()));
+  need(!c.data.train.empty(), "data.train", "is required");
+  if (!c.data.train.empty()) need(fs::is_regular_file(c.resolve(c.data.train), ec), "data.train", fmt::format("{} is not a file", c.resolve(c.data.train).string()));
+  need(c.data.format == "text", "data.format", "must be text");
+  need(c.data.seq_len >= 2 && c.data.seq_len <= 1 << 20, "data.seq_len", "must be between 2 and 1048576");
+  need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in [0, 1)");
+  need(c.lora.r >= 1, "lora.r", "must be at least 1");
+  need(c.lora.alpha > 0, "lora.alpha", "must be positive");
+  need(c.lora.dropout >= 0 && c.lora.dropout < 1, "lora.dropout", "must be in [0, 1)");
+  need(!c.lora.targets.empty(), "lora.targets", "must name at least one projection");
+  std::set<std::string> seen;
+  for (const auto& t : c.lora.targets) {
+    need(lora_target_from_name(t).has_value(), "lora.targets", fmt::format("unknown projection '{}'", t));
+    need(seen.insert(t).second, "lora.targets", fmt::format("'{}' listed twice", t));
+  }
+  need(c.optimizer.lr > 0, "optimizer.lr", "must be positive");
+  need(c.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be non-negative");
+  need(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1, "optimizer.beta1", "must be in [0, 1)");
+  need(c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1, "optimizer.beta2", "must be in [0, 1)");
+  need(c.optimizer.eps > 0, "optimizer.eps", "must be positive");
+  need(c.optimizer.warmup_steps >= 0, "optimizer.warmup_steps", "must be non-negative");
+  need(c.optimizer.min_lr_ratio >= 0 && c.optimizer.min_lr_ratio <= 1, "optimizer.min_lr_ratio", "must be in [0, 1]");
+  need(c.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be non-negative");
+  need(c.parallel.devices == "cpu" || c.parallel.devices == "cpu:1", "parallel.devices",
+       "only 'cpu' (one device) is implemented in this build");
+  need(c.parallel.schedule == "single", "parallel.schedule", "only 'single' is implemented in this build");
+  need(c.run.steps >= 0, "run.steps", "must be non-negative");
+  need(c.run.batch_size >= 1, "run.batch_size", "must be at least 1");
+  need(c.run.grad_accum >= 1, "run.grad_accum", "must be at least 1");
+  need(c.run.eval_interval >= 0, "run.eval_interval", "must be non-negative");
+  need(c.run.eval_batches >= 0, "run.eval_batches", "must be non-negative");
+  need(c.run.threads >= 0 && c.run.threads <= 1024, "run.threads", "must be between 0 and 1024");
+  need(!c.run.output_dir.empty(), "run.output_dir", "is required");
+  need(c.run.sample_tokens >= 0, "run.sample_tokens", "must be non-negative");
+  if (!p.empty()) return error{fmt::format("{}", fmt::join(p, "\n"))};
+  return ok_status();
+}
+
+std::string project_to_json(const project_config& c) {
+  json j = json::object();
+  visit_fields(const_cast<project_config&>(c), [&](const char* path, auto& member, const char*) {
+    j[json::json_pointer("/" + [&] {
+      std::string s = path;
+      for (auto& ch : s)
+        if (ch == '.') ch = '/';
+      return s;
+    }())] = member;
+  });
+  return j.dump(2) + "\n";
+}
+
+std::string project_field_table() {
+  project_config c;
+  std::string out = "| field | default | meaning |\n|---|---|---|\n";
+  visit_fields(c, [&](const char* path, auto& member, const char* doc) {
+    out += fmt::format("| `{}` | `{}` | {} |\n", path, json(member).dump(), doc);
+  });
+  return out;
+}
+
+}  // namespace lorapipe

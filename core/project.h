@@ -1,0 +1,123 @@
+// The project file: one typed config tree, serialised as JSON with a schema_version. Every field is
+// declared once in visit_fields() with its path and documentation; parsing, unknown-field detection,
+// serialisation, CLI overrides and the README field table all come from that one list.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+
+namespace lorapipe {
+
+inline constexpr int64_t project_schema_version = 1;
+
+struct project_config {
+  int64_t schema_version = project_schema_version;
+  std::string name = "lorapipe-project";
+  struct {
+    std::string path;                 // HF folder or llama2.c .bin
+    std::string dtype = "float32";    // compute dtype
+  } model;
+  struct {
+    std::string path;  // empty: found in the model folder
+  } tokenizer;
+  struct {
+    std::string train;               // corpus path
+    std::string format = "text";
+    int64_t seq_len = 128;
+    double val_fraction = 0.05;
+    bool add_bos = true;
+    bool add_eos = true;
+  } data;
+  struct {
+    int64_t r = 8;
+    double alpha = 16;
+    double dropout = 0.0;
+    std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+  } lora;
+  struct {
+    double lr = 2e-3;
+    double weight_decay = 0.0;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    int64_t warmup_steps = 20;
+    double min_lr_ratio = 0.1;
+    double grad_clip = 1.0;
+  } optimizer;
+  struct {
+    std::string devices = "cpu";
+    std::string schedule = "single";
+  } parallel;
+  struct {
+    int64_t seed = 1234;
+    int64_t steps = 200;
+    int64_t batch_size = 8;
+    int64_t grad_accum = 1;
+    int64_t eval_interval = 50;
+    int64_t eval_batches = 16;
+    int64_t threads = 0;  // 0: all cores
+    std::string output_dir = "runs/latest";
+    std::string sample_prompt = "Once upon a time";
+    int64_t sample_tokens = 48;
+    bool save_merged = false;
+  } run;
+
+  std::filesystem::path base_dir;  // folder of the project file; relative paths resolve against it
+  std::filesystem::path resolve(const std::string& p) const;
+};
+
+// Calls f(path, member, doc) for every field, in file order.
+template <class C, class F>
+void visit_fields(C& c, F&& f) {
+  f("schema_version", c.schema_version, "Project file format version (this build writes 1).");
+  f("name", c.name, "Free-form project name.");
+  f("model.path", c.model.path, "Hugging Face Llama folder (config.json + safetensors) or a llama2.c .bin file.");
+  f("model.dtype", c.model.dtype, "Compute dtype: float32, bfloat16 or float16.");
+  f("tokenizer.path", c.tokenizer.path, "tokenizer.model file or folder; empty = look in the model folder.");
+  f("data.train", c.data.train, "Training corpus (plain text; documents separated by blank lines).");
+  f("data.format", c.data.format, "Dataset format: text.");
+  f("data.seq_len", c.data.seq_len, "Tokens per packed training sequence.");
+  f("data.val_fraction", c.data.val_fraction, "Fraction of the token stream held out for validation (taken from the end).");
+  f("data.add_bos", c.data.add_bos, "Start each document with BOS.");
+  f("data.add_eos", c.data.add_eos, "End each document with EOS.");
+  f("lora.r", c.lora.r, "LoRA rank.");
+  f("lora.alpha", c.lora.alpha, "LoRA alpha; the update is scaled by alpha/r.");
+  f("lora.dropout", c.lora.dropout, "Dropout on the LoRA input during training.");
+  f("lora.targets", c.lora.targets, "Adapted projections: any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.");
+  f("optimizer.lr", c.optimizer.lr, "Peak learning rate (AdamW).");
+  f("optimizer.weight_decay", c.optimizer.weight_decay, "Decoupled weight decay on LoRA parameters.");
+  f("optimizer.beta1", c.optimizer.beta1, "AdamW beta1.");
+  f("optimizer.beta2", c.optimizer.beta2, "AdamW beta2.");
+  f("optimizer.eps", c.optimizer.eps, "AdamW epsilon.");
+  f("optimizer.warmup_steps", c.optimizer.warmup_steps, "Linear warmup steps.");
+  f("optimizer.min_lr_ratio", c.optimizer.min_lr_ratio, "Cosine decay floor as a fraction of the peak LR.");
+  f("optimizer.grad_clip", c.optimizer.grad_clip, "Clip the global gradient norm to this value (0 = off).");
+  f("parallel.devices", c.parallel.devices, "Devices: cpu (one CPU device; multi-device pipelines are not implemented yet).");
+  f("parallel.schedule", c.parallel.schedule, "Pipeline schedule: single (no pipeline).");
+  f("run.seed", c.run.seed, "Seed for LoRA init, data order and dropout.");
+  f("run.steps", c.run.steps, "Optimizer steps.");
+  f("run.batch_size", c.run.batch_size, "Sequences per micro-batch.");
+  f("run.grad_accum", c.run.grad_accum, "Micro-batches accumulated per optimizer step.");
+  f("run.eval_interval", c.run.eval_interval, "Validate every N steps (0 = only at start and end).");
+  f("run.eval_batches", c.run.eval_batches, "Validation micro-batches per evaluation (0 = the whole split).");
+  f("run.threads", c.run.threads, "LibTorch CPU threads (0 = all cores).");
+  f("run.output_dir", c.run.output_dir, "Where the adapter (PEFT layout) and logs are written.");
+  f("run.sample_prompt", c.run.sample_prompt, "Prompt for the samples generated before and after training.");
+  f("run.sample_tokens", c.run.sample_tokens, "Tokens per sample (0 = no samples).");
+  f("run.save_merged", c.run.save_merged, "Also write merged weights as an HF folder (output_dir/merged).");
+}
+
+// Parses project JSON text; reports every problem at once ("field: problem", one per line).
+result<project_config> parse_project(const std::string& json_text, const std::filesystem::path& project_file);
+result<project_config> load_project(const std::filesystem::path& project_file);
+// Semantic checks that need the file system (paths exist, values in range); all problems at once.
+status validate_project(const project_config& c);
+std::string project_to_json(const project_config& c);
+// Markdown table of all fields with defaults and documentation.
+std::string project_field_table();
+
+}  // namespace lorapipe

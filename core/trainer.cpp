@@ -1,0 +1,180 @@
+// Single-device training loop: see trainer.h.
+#include "core/trainer.h"
+
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "core/dataset.h"
+#include "core/generate.h"
+#include "core/llama_model.h"
+#include "core/lora.h"
+#include "core/optimizer.h"
+#include "core/safetensors.h"
+#include "core/tensor_io.h"
+#include "core/tokenizer.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+int configure_threads(int64_t requested) {
+  int n = requested > 0 ? static_cast<int>(requested) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n);
+  return at::get_num_threads();
+}
+
+namespace {
+
+// Inputs and labels (i64 [B,T]) for the given windows.
+std::pair<at::Tensor, at::Tensor> make_batch(const token_windows& w, const std::vector<int64_t>& idx) {
+  const int64_t B = static_cast<int64_t>(idx.size()), T = w.seq_len;
+  auto all = torch::empty({B, T + 1}, torch::kLong);  // i64 [B,T+1]
+  auto* p = all.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* src = w.window(idx[b]);
+    for (int64_t t = 0; t <= T; ++t) p[b * (T + 1) + t] = src[t];
+  }
+  return {all.slice(1, 0, T).contiguous(), all.slice(1, 1, T + 1).contiguous()};
+}
+
+double evaluate(const llama_weights& w, const lora_adapters& lora, const token_windows& val, int64_t batch,
+                int64_t max_batches) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t count = 0;
+  const int64_t n = val.size();
+  const int64_t limit = max_batches > 0 ? std::min(n, max_batches * batch) : n;
+  for (int64_t s = 0; s < limit; s += batch) {
+    std::vector<int64_t> idx;
+    for (int64_t i = s; i < std::min(limit, s + batch); ++i) idx.push_back(i);
+    auto [x, y] = make_batch(val, idx);
+    auto loss = causal_lm_loss(forward(w, &lora, x), y);
+    sum += loss.item<double>() * static_cast<double>(y.numel());
+    count += y.numel();
+  }
+  return count > 0 ? sum / static_cast<double>(count) : 0.0;
+}
+
+std::string sample(const llama_weights& w, const lora_adapters& lora, const tokenizer& tok, const project_config& cfg) {
+  auto ids = tok.encode(cfg.run.sample_prompt);
+  if (!ids) return {};
+  std::vector<int32_t> prompt{tok.bos_id()};
+  prompt.insert(prompt.end(), ids->begin(), ids->end());
+  sampling_options so;
+  so.max_new_tokens = cfg.run.sample_tokens;
+  so.stop_id = tok.eos_id();
+  auto out = generate(w, &lora, prompt, so);
+  if (!out.empty() && out.back() == tok.eos_id()) out.pop_back();
+  return tok.decode_continuation(prompt, out);
+}
+
+}  // namespace
+
+result<train_summary> run_training(const project_config& cfg, observer& obs, const std::atomic<bool>* stop) {
+  LP_TRY(validate_project(cfg));
+  const int threads = configure_threads(cfg.run.threads);
+  const fs::path out_dir = cfg.resolve(cfg.run.output_dir);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir.string(), ec.message());
+  LP_TRY(write_file_atomic(out_dir / "project.json", project_to_json(cfg)));
+
+  LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg.model.dtype));
+  const fs::path model_path = cfg.resolve(cfg.model.path);
+  LP_TRY_ASSIGN(w, load_llama(model_path, {dtype}));
+  const fs::path tok_path = cfg.tokenizer.path.empty() ? model_path : cfg.resolve(cfg.tokenizer.path);
+  LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
+  if (tok->vocab_size() > w.cfg.vocab_size)
+    return make_error("tokenizer has {} tokens but the model only {}", tok->vocab_size(), w.cfg.vocab_size);
+  text_dataset_options dopt{cfg.resolve(cfg.data.train), cfg.data.seq_len, cfg.data.val_fraction, cfg.data.add_bos,
+                            cfg.data.add_eos};
+  if (cfg.data.seq_len > w.cfg.max_position_embeddings)
+    return make_error("data.seq_len: {} exceeds the model's context length {}", cfg.data.seq_len,
+                      w.cfg.max_position_embeddings);
+  LP_TRY_ASSIGN(data, load_text_dataset(dopt, *tok));
+
+  lora_config lc;
+  lc.r = cfg.lora.r;
+  lc.alpha = cfg.lora.alpha;
+  lc.dropout = cfg.lora.dropout;
+  lc.targets.clear();
+  for (const auto& t : cfg.lora.targets) lc.targets.push_back(*lora_target_from_name(t));
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  auto lora = init_lora(w, lc, static_cast<uint64_t>(cfg.run.seed));
+  lora.base_model = model_path.string();
+  auto params = lora.parameters();
+  adamw opt(params, {cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
+                     cfg.optimizer.weight_decay});
+  lr_schedule sched{cfg.optimizer.lr, cfg.optimizer.warmup_steps, cfg.run.steps, cfg.optimizer.min_lr_ratio};
+
+  const int64_t tokens_per_step = cfg.run.batch_size * cfg.run.grad_accum * cfg.data.seq_len;
+  obs.on_event(run_started_event{w.source, w.cfg.num_parameters(), lora.num_parameters(), data.train.size(),
+                                 data.val.size(), cfg.run.steps, tokens_per_step, threads});
+  train_summary sum;
+  const bool has_val = data.val.size() > 0;
+  if (has_val) {
+    sum.first_val_loss = evaluate(w, lora, data.val, cfg.run.batch_size, cfg.run.eval_batches);
+    obs.on_event(eval_event{0, sum.first_val_loss, 0});
+  }
+  if (cfg.run.sample_tokens > 0)
+    obs.on_event(sample_event{"before", cfg.run.sample_prompt, sample(w, lora, *tok, cfg)});
+
+  epoch_sampler sampler(data.train.size(), static_cast<uint64_t>(cfg.run.seed));
+  int64_t cursor = 0;
+  double busy_s = 0;
+  int64_t step = 0;
+  bool stopped = false;
+  const auto t_start = clock_type::now();
+  for (; step < cfg.run.steps; ++step) {
+    if (stop != nullptr && stop->load()) {
+      stopped = true;
+      break;
+    }
+    const auto t0 = clock_type::now();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < cfg.run.grad_accum; ++micro) {
+      std::vector<int64_t> idx;
+      for (int64_t b = 0; b < cfg.run.batch_size; ++b) idx.push_back(sampler.at(cursor++));
+      auto [x, y] = make_batch(data.train, idx);                   // i64 [B,T] each
+      auto loss = causal_lm_loss(forward(w, &lora, x, 0, nullptr, true), y);  // f32 []
+      (loss / static_cast<double>(cfg.run.grad_accum)).backward();
+      loss_sum += loss.item<double>();
+    }
+    const double gnorm = clip_grad_norm(params, cfg.optimizer.grad_clip);
+    const double lr = sched.at(step);
+    opt.step(lr);
+    opt.zero_grad();
+    const double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+    busy_s += dt;
+    obs.on_event(step_event{step + 1, cfg.run.steps, loss_sum / cfg.run.grad_accum, lr, gnorm,
+                            tokens_per_step / std::max(dt, 1e-9),
+                            std::chrono::duration<double>(clock_type::now() - t_start).count()});
+    if (has_val && cfg.run.eval_interval > 0 && (step + 1) % cfg.run.eval_interval == 0 && step + 1 < cfg.run.steps)
+      obs.on_event(eval_event{step + 1, evaluate(w, lora, data.val, cfg.run.batch_size, cfg.run.eval_batches),
+                              0});
+  }
+  sum.steps = step;
+  sum.mean_tokens_per_s = busy_s > 0 ? static_cast<double>(tokens_per_step * step) / busy_s : 0;
+  if (has_val) {
+    sum.final_val_loss = evaluate(w, lora, data.val, cfg.run.batch_size, cfg.run.eval_batches);
+    obs.on_event(eval_event{step, sum.final_val_loss, 0});
+  }
+  if (cfg.run.sample_tokens > 0) obs.on_event(sample_event{"after", cfg.run.sample_prompt, sample(w, lora, *tok, cfg)});
+  sum.adapter_dir = (out_dir / "adapter").string();
+  LP_TRY(save_peft_adapter(lora, out_dir / "adapter"));
+  if (cfg.run.save_merged) LP_TRY(export_merged(w, lora, out_dir / "merged", tok_path));
+  nlohmann::json s = {{"steps", sum.steps},
+                      {"first_val_loss", sum.first_val_loss},
+                      {"final_val_loss", sum.final_val_loss},
+                      {"mean_tokens_per_s", sum.mean_tokens_per_s},
+                      {"stopped_early", stopped}};
+  LP_TRY(write_file_atomic(out_dir / "summary.json", s.dump(2) + "\n"));
+  obs.on_event(run_finished_event{sum.steps, sum.first_val_loss, sum.final_val_loss, sum.mean_tokens_per_s,
+                                  sum.adapter_dir, stopped});
+  return sum;
+}
+
+}  // namespace lorapipe

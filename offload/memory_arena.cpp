@@ -1,0 +1,66 @@
+// First-fit arena with coalescing free list: see memory_arena.h.
+#include "offload/memory_arena.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace lorapipe {
+
+memory_arena::memory_arena(std::string name, size_t capacity, size_t alignment)
+    : name_(std::move(name)), capacity_(capacity), alignment_(std::max<size_t>(1, alignment)) {
+  if (capacity_ > 0) free_[0] = capacity_;
+}
+
+result<size_t> memory_arena::allocate(size_t bytes) {
+  const size_t need = (std::max<size_t>(bytes, 1) + alignment_ - 1) / alignment_ * alignment_;
+  std::lock_guard lock(mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    const size_t off = it->first, rest = it->second - need;
+    free_.erase(it);
+    if (rest > 0) free_[off + need] = rest;
+    used_[off] = need;
+    in_use_ += need;
+    peak_ = std::max(peak_, in_use_);
+    return off;
+  }
+  return make_error("{}: out of memory: {} bytes requested, {} of {} in use", name_, bytes, in_use_, capacity_);
+}
+
+void memory_arena::release(size_t offset) {
+  std::lock_guard lock(mu_);
+  auto it = used_.find(offset);
+  assert(it != used_.end());
+  if (it == used_.end()) return;
+  size_t off = it->first, size = it->second;
+  in_use_ -= size;
+  used_.erase(it);
+  auto next = free_.lower_bound(off);
+  if (next != free_.end() && off + size == next->first) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += size;
+      return;
+    }
+  }
+  free_[off] = size;
+}
+
+size_t memory_arena::used() const {
+  std::lock_guard lock(mu_);
+  return in_use_;
+}
+size_t memory_arena::peak() const {
+  std::lock_guard lock(mu_);
+  return peak_;
+}
+void memory_arena::reset_peak() {
+  std::lock_guard lock(mu_);
+  peak_ = in_use_;
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,36 @@
+// A capacity-limited arena of exact-size blocks (no power-of-two rounding): the bookkeeping behind a
+// device weight arena, a pinned host arena, or a CPU virtual device's memory. Allocation beyond the
+// capacity fails the way a GPU OOM does. Tracks current and peak use. Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/result.h"
+
+namespace lorapipe {
+
+class memory_arena {
+ public:
+  memory_arena(std::string name, size_t capacity, size_t alignment = 256);
+  // Offset of a block of exactly `bytes` (rounded up to the alignment); error when it does not fit.
+  result<size_t> allocate(size_t bytes);
+  void release(size_t offset);
+  size_t capacity() const { return capacity_; }
+  size_t used() const;
+  size_t peak() const;
+  void reset_peak();
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  size_t capacity_, alignment_;
+  mutable std::mutex mu_;
+  std::map<size_t, size_t> free_;  // offset -> size, coalesced
+  std::map<size_t, size_t> used_;  // offset -> size
+  size_t in_use_ = 0, peak_ = 0;
+};
+
+}  // namespace lorapipe
