@@ -124,8 +124,9 @@ int cmd_export(const std::string& model, const std::string& adapter, const std::
 
 int cmd_init(const std::string& path, const std::string& model, const std::string& data, bool force) {
   project_config c;
-  c.model.path = model;
-  c.data.train = data;
+  // Paths given on the command line are relative to the shell; store them absolute.
+  c.model.path = model.empty() ? model : fs::absolute(model).lexically_normal().string();
+  c.data.train = data.empty() ? data : fs::absolute(data).lexically_normal().string();
   const auto text = project_to_json(c);
   if (path.empty() || path == "-") {
     std::cout << text;

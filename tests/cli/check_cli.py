@@ -1,0 +1,125 @@
+"""lorapipe-cli end to end: the command-line contract, bad input, and a short real fine-tune.
+
+Every bad input must give exit status 1 and a clear one-line `error: ...` on stderr (no crash,
+no backtrace). Prints one line per check and a closing 'N passed, M failed' line.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+RESULTS = []
+
+
+def check(name, ok, detail=""):
+    RESULTS.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}{(': ' + detail) if detail and not ok else ''}", flush=True)
+
+
+def run(cli, *args, stdin=None):
+    p = subprocess.run([cli, *args], input=stdin, capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect_clean_error(cli, name, args, needle, stdin=None):
+    rc, out, err = run(cli, *args, stdin=stdin)
+    lines = [l for l in err.strip().splitlines() if l]
+    ok = rc == 1 and len(lines) >= 1 and lines[0].startswith("error:") and needle in err and "Traceback" not in err
+    ok = ok and (name.startswith("multi") or len(lines) == 1)
+    check(f"bad input: {name}", ok, f"rc={rc} stderr={err.strip()[:300]!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--data", required=True)
+    a = ap.parse_args()
+    cli, data = os.path.abspath(a.cli), os.path.abspath(a.data)
+    stories = os.path.join(data, "models", "stories260K")
+    ref = json.load(open(os.path.join(stories, "reference.json")))
+    golden = ref["greedy_40_text"][len(ref["prompt"]):]
+
+    for src in ("hf", "llama2c/stories260K.bin"):
+        rc, out, err = run(cli, "generate", "--model", os.path.join(stories, src), "--prompt", ref["prompt"],
+                           "--max-new-tokens", "40", "--temperature", "0")
+        check(f"generate greedy golden ({src})", rc == 0 and out.rstrip("\n") == golden, repr(out))
+    rc, out, _ = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--prompt", "Once upon a time",
+                     "--max-new-tokens", "30", "--temperature", "0.9", "--top-p", "0.9", "--seed", "5")
+    rc2, out2, _ = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--prompt", "Once upon a time",
+                       "--max-new-tokens", "30", "--temperature", "0.9", "--top-p", "0.9", "--seed", "5")
+    rc3, out3, _ = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--prompt", "Once upon a time",
+                       "--max-new-tokens", "30", "--temperature", "0.9", "--top-p", "0.9", "--seed", "6")
+    check("sampling is seeded", rc == rc2 == rc3 == 0 and out == out2 and out != out3 and len(out) > 10)
+    rc, out, _ = run(cli, "tokenize", "--tokenizer", os.path.join(stories, "hf"), stdin="Once upon a time")
+    check("tokenize (no BOS/EOS)", rc == 0 and out.split() == ["403", "407", "261", "378"], out)
+
+    with tempfile.TemporaryDirectory() as t:
+        # Malformed model folders.
+        def model_copy(name):
+            d = os.path.join(t, name)
+            shutil.copytree(os.path.join(stories, "hf"), d)
+            return d
+        d = model_copy("truncated")
+        raw = open(os.path.join(d, "model.safetensors"), "rb").read()
+        open(os.path.join(d, "model.safetensors"), "wb").write(raw[: len(raw) // 3])
+        expect_clean_error(cli, "truncated safetensors", ["generate", "--model", d, "--prompt", "x", "--max-new-tokens", "2"], "truncated")
+        d = model_copy("garbled")
+        open(os.path.join(d, "model.safetensors"), "wb").write(raw[:8] + b"\x00garbage{" + raw[17:])
+        expect_clean_error(cli, "garbled safetensors header", ["generate", "--model", d, "--prompt", "x", "--max-new-tokens", "2"], "model.safetensors")
+        d = model_copy("badconfig")
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        del cfg["num_hidden_layers"]
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        expect_clean_error(cli, "wrong config.json", ["generate", "--model", d, "--prompt", "x", "--max-new-tokens", "2"], "num_hidden_layers")
+        d = model_copy("notok")
+        os.remove(os.path.join(d, "tokenizer.model"))
+        expect_clean_error(cli, "missing tokenizer", ["generate", "--model", d, "--prompt", "x", "--max-new-tokens", "2"], "no tokenizer found")
+        expect_clean_error(cli, "missing adapter", ["generate", "--model", os.path.join(stories, "hf"), "--adapter", os.path.join(t, "nope"), "--prompt", "x", "--max-new-tokens", "2"], "adapter_config.json")
+
+        empty = os.path.join(t, "empty.txt")
+        open(empty, "w").write("\n\n   \n")
+        proj = {"schema_version": 1, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": empty, "seq_len": 64},
+                "run": {"steps": 2, "output_dir": os.path.join(t, "out_empty"), "threads": 2}}
+        p_empty = os.path.join(t, "empty.json")
+        json.dump(proj, open(p_empty, "w"))
+        expect_clean_error(cli, "empty corpus", ["train", p_empty], "corpus is empty")
+        p_bad = os.path.join(t, "bad.json")
+        open(p_bad, "w").write('{"model": {"path": 3}, "lora": {"r": 8,}}')
+        expect_clean_error(cli, "malformed project JSON", ["train", p_bad], "malformed JSON")
+        open(p_bad, "w").write('{"model": {"path": 3}, "lora": {"rank": 8}}')
+        expect_clean_error(cli, "multi: wrong types and unknown fields", ["validate", p_bad], "lora.rank: unknown field")
+        expect_clean_error(cli, "missing project file", ["train", os.path.join(t, "none.json")], "file not found")
+
+        # A short real fine-tune through the CLI, then generate with the adapter it wrote.
+        corpus = os.path.join(data, "text", "tinyshakespeare.txt")
+        rc, _, err = run(cli, "init", os.path.join(t, "p.json"), "--model", os.path.join(stories, "hf"), "--data", corpus)
+        rc_v, _, err_v = run(cli, "validate", os.path.join(t, "p.json"))
+        check("init + validate", rc == 0 and rc_v == 0, err + err_v)
+        out_dir = os.path.join(t, "run1")
+        rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "30", "--output", out_dir, "--json", "--threads", "2")
+        events = [json.loads(l) for l in err.splitlines() if l.startswith("{")]
+        kinds = [e["event"] for e in events]
+        steps = [e for e in events if e["event"] == "step"]
+        evals = [e for e in events if e["event"] == "eval"]
+        ok = (rc == 0 and kinds[0] == "run_started" and kinds[-1] == "run_finished" and len(steps) == 30
+              and all(s["tokens_per_s"] > 0 for s in steps) and len(evals) >= 2 and evals[-1]["val_loss"] < evals[0]["val_loss"]
+              and os.path.exists(os.path.join(out_dir, "adapter", "adapter_model.safetensors")))
+        check("train --steps --output --json", ok, err[-500:])
+        rc, out, err = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--adapter", os.path.join(out_dir, "adapter"),
+                           "--prompt", "Once upon a time", "--max-new-tokens", "20")
+        check("generate with the trained adapter", rc == 0 and len(out.strip()) > 0 and out.rstrip("\n") != golden[: len(out.rstrip())], err)
+        merged = os.path.join(t, "merged")
+        rc, _, err = run(cli, "export", "--model", os.path.join(stories, "hf"), "--adapter", os.path.join(out_dir, "adapter"), "--output", merged)
+        rc2, out2, _ = run(cli, "generate", "--model", merged, "--prompt", "Once upon a time", "--max-new-tokens", "20")
+        check("export merged == base + adapter", rc == 0 and rc2 == 0 and out2 == out, f"{out!r} vs {out2!r}")
+
+    n_fail = RESULTS.count(False)
+    print(f"{len(RESULTS) - n_fail} passed, {n_fail} failed")
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
