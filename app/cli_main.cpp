@@ -197,12 +197,13 @@ int main(int argc, char** argv) {
   exp->add_option("--dtype", ex_dtype, "dtype of the merged weights");
 
   std::string init_path, init_model, init_data;
-  bool init_force = false;
+  bool init_force = false, init_fields = false;
   auto* init = app.add_subcommand("init", "Write a project file with defaults");
   init->add_option("project", init_path, "Where to write it (default: stdout)");
   init->add_option("--model", init_model, "model.path");
   init->add_option("--data", init_data, "data.train");
   init->add_flag("--force", init_force, "Overwrite an existing file");
+  init->add_flag("--fields", init_fields, "Print the documented field table (Markdown) instead");
 
   std::string val_path;
   auto* val = app.add_subcommand("validate", "Check a project file and report every problem");
@@ -214,6 +215,10 @@ int main(int argc, char** argv) {
     if (*gen) return cmd_generate(ga);
     if (*tokz) return cmd_tokenize(tok_path, tok_json);
     if (*exp) return cmd_export(ex_model, ex_adapter, ex_out, ex_dtype);
+    if (*init && init_fields) {
+      std::cout << project_field_table();
+      return 0;
+    }
     if (*init) return cmd_init(init_path, init_model, init_data, init_force);
     if (*val) return cmd_validate(val_path);
   } catch (const lorapipe_error& e) {

@@ -28,9 +28,10 @@ at::Tensor project(const layer_weights& lw, const std::array<lora_pair, num_lora
   if (lora != nullptr && (*lora)[i].a.defined()) {
     const auto& p = (*lora)[i];
     auto xin = (training && dropout > 0) ? torch::dropout(x, dropout, true) : x;
+    // Scale folded into B ([out,r], tiny) instead of the [B,T,out] output.
     auto a = p.a.to(x.scalar_type());
-    auto b = p.b.to(x.scalar_type());
-    y = y + torch::linear(torch::linear(xin, a), b) * scale;
+    auto b = (p.b * scale).to(x.scalar_type());
+    y = y + torch::linear(torch::linear(xin, a), b);
   }
   return y;
 }

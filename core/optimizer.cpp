@@ -23,20 +23,28 @@ adamw::adamw(std::vector<at::Tensor> params, adamw_config cfg) : params_(std::mo
 }
 
 void adamw::step(double lr) {
+  // Multi-tensor form of torch.optim.AdamW (same arithmetic, few kernel launches per step).
   torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> p, g, m, v;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].grad().defined()) continue;
+    p.push_back(params_[i]);
+    g.push_back(params_[i].grad());
+    m.push_back(m_[i]);
+    v.push_back(v_[i]);
+  }
+  if (p.empty()) return;
   ++t_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i];
-    if (!p.grad().defined()) continue;
-    auto g = p.grad().to(torch::kFloat);
-    if (cfg_.weight_decay != 0) p.mul_(1.0 - lr * cfg_.weight_decay);
-    m_[i].mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
-    v_[i].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
-    auto denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(cfg_.eps);  // as torch.optim.AdamW
-    p.addcdiv_(m_[i], denom, -lr / bc1);
-  }
+  if (cfg_.weight_decay != 0) at::_foreach_mul_(p, 1.0 - lr * cfg_.weight_decay);
+  at::_foreach_lerp_(m, g, 1.0 - cfg_.beta1);
+  at::_foreach_mul_(v, cfg_.beta2);
+  at::_foreach_addcmul_(v, g, g, 1.0 - cfg_.beta2);
+  auto denom = at::_foreach_sqrt(v);
+  at::_foreach_div_(denom, std::sqrt(bc2));
+  at::_foreach_add_(denom, cfg_.eps);
+  at::_foreach_addcdiv_(p, m, denom, -lr / bc1);
 }
 
 void adamw::zero_grad() {
@@ -46,15 +54,13 @@ void adamw::zero_grad() {
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
-  double sq = 0;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params)
-    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-  const double norm = std::sqrt(sq);
-  if (max_norm > 0 && norm > max_norm) {
-    const double s = max_norm / (norm + 1e-6);
-    for (const auto& p : params)
-      if (p.grad().defined()) p.grad().mul_(s);
-  }
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
+  auto norms = at::_foreach_norm(grads, 2);                              // f32 scalar per tensor
+  const double norm = torch::stack(norms).to(torch::kDouble).norm().item<double>();
+  if (max_norm > 0 && norm > max_norm) at::_foreach_mul_(grads, max_norm / (norm + 1e-6));
   return norm;
 }
 

@@ -165,12 +165,10 @@ status validate_project(const project_config& c) {
 std::string project_to_json(const project_config& c) {
   json j = json::object();
   visit_fields(const_cast<project_config&>(c), [&](const char* path, auto& member, const char*) {
-    j[json::json_pointer("/" + [&] {
-      std::string s = path;
-      for (auto& ch : s)
-        if (ch == '.') ch = '/';
-      return s;
-    }())] = member;
+    json* node = &j;
+    std::stringstream ss(path);
+    for (std::string part; std::getline(ss, part, '.');) node = &(*node)[part];
+    *node = member;
   });
   return j.dump(2) + "\n";
 }

@@ -42,6 +42,8 @@ def torch_step_rate(model_dir, batch, seq, rank, steps, warmup, sdpa):
                 v = self.linear(h, l, "self_attn.v_proj", lora).view(B, T, self.nkv, self.hd).transpose(1, 2)
                 q = q * cos + self.rot(q) * sin
                 k = k * cos + self.rot(k) * sin
+                k = k.repeat_interleave(self.nh // self.nkv, 1)
+                v = v.repeat_interleave(self.nh // self.nkv, 1)
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
                 x = x + self.linear(o, l, "self_attn.o_proj", lora)
                 h = self.rms(x, self.w[p + "post_attention_layernorm.weight"])
@@ -87,22 +89,28 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--small-model", default=os.path.join(here, "..", "..", "..", "shared", "data", "models", "stories260K", "hf"),
+                    help="a small real model for a second row, where per-op overhead matters ('' to skip)")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.model_dir, "model.safetensors")):
         print(f"writing synthetic model to {a.model_dir}", file=sys.stderr)
         write_synthetic_model(a.model_dir, CONFIG, seed=0)
     torch.set_num_threads(a.threads)
-    common = ["--batch", str(a.batch), "--seq", str(a.seq), "--rank", str(a.rank), "--steps", str(a.steps),
-              "--warmup", str(a.warmup), "--threads", str(a.threads)]
-    out = subprocess.run([a.bench, "--model", a.model_dir, *common], check=True, capture_output=True, text=True).stdout
-    lp = json.loads(out.strip().splitlines()[-1])
-    eager = torch_step_rate(a.model_dir, a.batch, a.seq, a.rank, a.steps, a.warmup, sdpa=False)
-    sdpa = torch_step_rate(a.model_dir, a.batch, a.seq, a.rank, a.steps, a.warmup, sdpa=True)
-    print(f"LoRA training step, synthetic Llama {lp['params'] / 1e6:.0f}M params, fp32, batch {a.batch} x seq {a.seq}, "
-          f"rank {a.rank} on q,k,v,o, AdamW, {a.threads} threads, torch {torch.__version__}")
-    print(f"  lorapipe (C++/LibTorch)         {lp['tokens_per_s']:10.1f} tokens/s")
-    print(f"  PyTorch eager, oracle model     {eager:10.1f} tokens/s   ratio lorapipe/eager {lp['tokens_per_s'] / eager:.3f}")
-    print(f"  PyTorch eager, oracle with SDPA {sdpa:10.1f} tokens/s   ratio lorapipe/eager-sdpa {lp['tokens_per_s'] / sdpa:.3f}")
+    rows = [(a.model_dir, a.batch, a.seq, a.steps, a.warmup)]
+    if a.small_model and os.path.exists(os.path.join(a.small_model, "config.json")):
+        rows.append((os.path.abspath(a.small_model), 8, 128, 30, 5))
+    for model_dir, batch, seq, steps, warmup in rows:
+        common = ["--batch", str(batch), "--seq", str(seq), "--rank", str(a.rank), "--steps", str(steps),
+                  "--warmup", str(warmup), "--threads", str(a.threads)]
+        out = subprocess.run([a.bench, "--model", model_dir, *common], check=True, capture_output=True, text=True).stdout
+        lp = json.loads(out.strip().splitlines()[-1])
+        eager = torch_step_rate(model_dir, batch, seq, a.rank, steps, warmup, sdpa=False)
+        sdpa = torch_step_rate(model_dir, batch, seq, a.rank, steps, warmup, sdpa=True)
+        print(f"LoRA training step, {os.path.basename(model_dir.rstrip('/'))} ({lp['params'] / 1e6:.2f}M params), fp32, "
+              f"batch {batch} x seq {seq}, rank {a.rank} on q,k,v,o, AdamW, {a.threads} threads, torch {torch.__version__}")
+        print(f"  lorapipe (C++/LibTorch)         {lp['tokens_per_s']:10.1f} tokens/s")
+        print(f"  PyTorch eager, oracle model     {eager:10.1f} tokens/s   ratio lorapipe/eager {lp['tokens_per_s'] / eager:.3f}")
+        print(f"  PyTorch eager, oracle with SDPA {sdpa:10.1f} tokens/s   ratio lorapipe/eager-sdpa {lp['tokens_per_s'] / sdpa:.3f}")
 
 
 if __name__ == "__main__":
