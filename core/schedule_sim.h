@@ -1,0 +1,42 @@
+// Discrete-event simulator for schedule programs. Checks that every SEND has its RECV (pairing) and
+// that the program cannot deadlock, then reports makespan, bubble ratio and peak memory per device
+// from per-stage compute times and per-device copy bandwidths. A failure names the stuck step and
+// comes with the grid marking it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/schedule.h"
+
+namespace lorapipe {
+
+struct sim_costs {
+  std::vector<double> forward_s;    // per stage, one micro-batch
+  std::vector<double> backward_s;   // per stage, one micro-batch (without recompute)
+  std::vector<double> recompute_s;  // per stage, one micro-batch (0 = same as forward)
+  std::vector<double> weight_bytes;  // per stage
+  double act_bytes = 0;             // one boundary activation (or gradient) of one micro-batch
+  double stash_bytes_per_layer = 0;  // autograd graph kept per layer per micro-batch
+  double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
+  double d2h_bytes_per_s = 0;
+  double copy_latency_s = 0;
+};
+
+// Uniform costs: every stage's forward takes t_f, backward t_b, recompute t_f.
+sim_costs uniform_costs(const program& p, double t_f, double t_b);
+
+struct sim_result {
+  bool ok = false;
+  std::string error;             // first problem found, with device and step
+  int32_t fail_device = -1, fail_index = -1;
+  std::string grid;              // program grid, failing step marked
+  double makespan_s = 0;
+  double bubble_ratio = 0;       // 1 - compute busy time / (devices x makespan)
+  std::vector<double> busy_s;    // compute time per device
+  std::vector<double> peak_bytes;  // per device: weights + activations + graphs at their peak
+};
+
+sim_result simulate(const program& p, const sim_costs& c);
+
+}  // namespace lorapipe
