@@ -62,13 +62,13 @@ at::Tensor embed_tokens(const llama_weights& w, const at::Tensor& tokens) {
   return F::embedding(tokens, w.embed);  // [B,T,D]
 }
 
-at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapters* lora, const at::Tensor& x,
-                         int64_t start_pos, kv_cache* cache, bool training) {
-  const auto& cfg = w.cfg;
-  const auto& lw = w.layers[layer];
-  const auto* lp = lora != nullptr ? &lora->layers[layer] : nullptr;
-  const double scale = lora != nullptr ? lora->cfg.scale() : 0.0;
-  const double drop = lora != nullptr ? lora->cfg.dropout : 0.0;
+at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_weights& lw, const at::Tensor& x,
+                         int64_t start_pos, kv_cache* cache) {
+  const auto& cfg = ctx.cfg;
+  const auto* lp = ctx.lora != nullptr ? &ctx.lora->layers[layer] : nullptr;
+  const double scale = ctx.lora != nullptr ? ctx.lora->cfg.scale() : 0.0;
+  const double drop = ctx.lora != nullptr ? ctx.lora->cfg.dropout : 0.0;
+  const bool training = ctx.training;
   const int64_t B = x.size(0), T = x.size(1), hd = cfg.head_dim;
   auto proj = [&](lora_target t, const at::Tensor& in) { return project(lw, lp, scale, drop, training, t, in); };
 
@@ -76,8 +76,8 @@ at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapt
   auto q = proj(lora_target::q, h).view({B, T, cfg.num_heads, hd}).transpose(1, 2);     // [B,nh,T,hd]
   auto k = proj(lora_target::k, h).view({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);  // [B,nkv,T,hd]
   auto v = proj(lora_target::v, h).view({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);  // [B,nkv,T,hd]
-  auto cos = w.rope.cos.slice(0, start_pos, start_pos + T).to(x.scalar_type());         // [T,hd]
-  auto sin = w.rope.sin.slice(0, start_pos, start_pos + T).to(x.scalar_type());
+  auto cos = ctx.rope.cos.slice(0, start_pos, start_pos + T).to(x.scalar_type());       // [T,hd]
+  auto sin = ctx.rope.sin.slice(0, start_pos, start_pos + T).to(x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache != nullptr) {
@@ -104,9 +104,16 @@ at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapt
   return x1 + mlp;
 }
 
-at::Tensor lm_logits(const llama_weights& w, const at::Tensor& x) {
-  return torch::linear(rms_norm(x, w.final_norm, w.cfg.rms_norm_eps), w.lm_head);  // [B,T,V]
+at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapters* lora, const at::Tensor& x,
+                         int64_t start_pos, kv_cache* cache, bool training) {
+  return decoder_layer(layer_context{w.cfg, w.rope, lora, training}, layer, w.layers[layer], x, start_pos, cache);
 }
+
+at::Tensor head_logits(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head, const at::Tensor& x) {
+  return torch::linear(rms_norm(x, final_norm, cfg.rms_norm_eps), lm_head);  // [B,T,V]
+}
+
+at::Tensor lm_logits(const llama_weights& w, const at::Tensor& x) { return head_logits(w.cfg, w.final_norm, w.lm_head, x); }
 
 at::Tensor forward(const llama_weights& w, const lora_adapters* lora, const at::Tensor& tokens, int64_t start_pos,
                    kv_cache* cache, bool training) {

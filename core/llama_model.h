@@ -55,6 +55,18 @@ struct load_options {
 result<llama_weights> load_llama(const std::filesystem::path& path, const load_options& opt);
 rope_tables make_rope_tables(const llama_config& cfg);
 
+// What a decoder layer needs besides its own weights (the pipeline executor passes device copies).
+struct layer_context {
+  const llama_config& cfg;
+  const rope_tables& rope;
+  const lora_adapters* lora;  // may be null
+  bool training;
+};
+at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_weights& lw, const at::Tensor& x /*[B,T,D]*/,
+                         int64_t start_pos, kv_cache* cache);
+at::Tensor head_logits(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head,
+                       const at::Tensor& x /*[B,T,D]*/);
+
 // Forward pieces. `lora` may be null (base model). `training` enables LoRA dropout.
 at::Tensor embed_tokens(const llama_weights& w, const at::Tensor& tokens /*i64 [B,T]*/);
 at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapters* lora, const at::Tensor& x /*[B,T,D]*/,

@@ -147,9 +147,25 @@ status validate_project(const project_config& c) {
   need(c.optimizer.warmup_steps >= 0, "optimizer.warmup_steps", "must be non-negative");
   need(c.optimizer.min_lr_ratio >= 0 && c.optimizer.min_lr_ratio <= 1, "optimizer.min_lr_ratio", "must be in [0, 1]");
   need(c.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be non-negative");
-  need(c.parallel.devices == "cpu" || c.parallel.devices == "cpu:1", "parallel.devices",
-       "only 'cpu' (one device) is implemented in this build");
-  need(c.parallel.schedule == "single", "parallel.schedule", "only 'single' is implemented in this build");
+  int64_t n_dev = 0;
+  if (c.parallel.devices == "cpu") n_dev = 1;
+  else if (c.parallel.devices.rfind("cpu:", 0) == 0 && c.parallel.devices.size() > 4 &&
+           c.parallel.devices.find_first_not_of("0123456789", 4) == std::string::npos && c.parallel.devices.size() < 7)
+    n_dev = std::stoll(c.parallel.devices.substr(4));
+  need(n_dev >= 1 && n_dev <= 64, "parallel.devices", "must be cpu or cpu:N with N in 1..64 (CUDA pipelines are not in this build)");
+  const bool pipelined = c.parallel.schedule != "single";
+  need(c.parallel.schedule == "single" || c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" ||
+           c.parallel.schedule == "interleaved" || c.parallel.schedule == "round-robin",
+       "parallel.schedule", "must be single, gpipe, 1f1b, interleaved or round-robin");
+  need(pipelined || n_dev <= 1, "parallel.schedule", "single runs on one device; pick a pipeline schedule for several");
+  need(c.parallel.micro_batches >= 1, "parallel.micro_batches", "must be at least 1");
+  need(!pipelined || (c.parallel.micro_batches >= 1 && c.run.batch_size % c.parallel.micro_batches == 0), "parallel.micro_batches",
+       fmt::format("must divide run.batch_size ({})", c.run.batch_size));
+  need(!pipelined || c.run.grad_accum == 1, "run.grad_accum", "must be 1 with a pipeline schedule (use parallel.micro_batches)");
+  need(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be at least 1");
+  need(c.parallel.threads_per_device >= 1 && c.parallel.threads_per_device <= 256, "parallel.threads_per_device", "must be in 1..256");
+  need(c.offload.device_memory_mb >= 0, "offload.device_memory_mb", "must be non-negative");
+  need(c.offload.copy_gbps >= 0, "offload.copy_gbps", "must be non-negative");
   need(c.run.steps >= 0, "run.steps", "must be non-negative");
   need(c.run.batch_size >= 1, "run.batch_size", "must be at least 1");
   need(c.run.grad_accum >= 1, "run.grad_accum", "must be at least 1");

@@ -51,7 +51,17 @@ struct project_config {
   struct {
     std::string devices = "cpu";
     std::string schedule = "single";
+    int64_t micro_batches = 4;
+    int64_t virtual_stages = 2;
+    int64_t threads_per_device = 1;
   } parallel;
+  struct {
+    bool stream_weights = true;
+    bool activations = true;
+    bool recompute = true;
+    double device_memory_mb = 0;
+    double copy_gbps = 0;
+  } offload;
   struct {
     int64_t seed = 1234;
     int64_t steps = 200;
@@ -96,8 +106,16 @@ void visit_fields(C& c, F&& f) {
   f("optimizer.warmup_steps", c.optimizer.warmup_steps, "Linear warmup steps.");
   f("optimizer.min_lr_ratio", c.optimizer.min_lr_ratio, "Cosine decay floor as a fraction of the peak LR.");
   f("optimizer.grad_clip", c.optimizer.grad_clip, "Clip the global gradient norm to this value (0 = off).");
-  f("parallel.devices", c.parallel.devices, "Devices: cpu (one CPU device; multi-device pipelines are not implemented yet).");
-  f("parallel.schedule", c.parallel.schedule, "Pipeline schedule: single (no pipeline).");
+  f("parallel.devices", c.parallel.devices, "Devices: cpu (one) or cpu:N (N CPU virtual devices).");
+  f("parallel.schedule", c.parallel.schedule, "single (no pipeline), gpipe, 1f1b, interleaved or round-robin.");
+  f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size).");
+  f("parallel.virtual_stages", c.parallel.virtual_stages, "Interleaved 1F1B: stages per device.");
+  f("parallel.threads_per_device", c.parallel.threads_per_device, "Compute threads of each CPU virtual device.");
+  f("offload.stream_weights", c.offload.stream_weights, "Pipelines: upload frozen weights per stage and free them after use (else keep them resident).");
+  f("offload.activations", c.offload.activations, "Pipelines: move stage-boundary checkpoints to host memory between forward and backward.");
+  f("offload.recompute", c.offload.recompute, "Pipelines: recompute each stage before its backward (bound schedules; round-robin always does).");
+  f("offload.device_memory_mb", c.offload.device_memory_mb, "Memory capacity of each CPU virtual device in MiB (0 = unlimited).");
+  f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
   f("run.seed", c.run.seed, "Seed for LoRA init, data order and dropout.");
   f("run.steps", c.run.steps, "Optimizer steps.");
   f("run.batch_size", c.run.batch_size, "Sequences per micro-batch.");

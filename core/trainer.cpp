@@ -12,6 +12,9 @@
 #include "core/llama_model.h"
 #include "core/lora.h"
 #include "core/optimizer.h"
+#include "core/pipeline_executor.h"
+#include "core/schedule.h"
+#include "core/schedule_sim.h"
 #include "core/safetensors.h"
 #include "core/tensor_io.h"
 #include "core/tokenizer.h"
@@ -122,6 +125,39 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
   if (cfg.run.sample_tokens > 0)
     obs.on_event(sample_event{"before", cfg.run.sample_prompt, sample(w, lora, *tok, cfg)});
 
+  // Pipelines: devices, a program from the schedule generator (checked by the simulator), an executor.
+  const bool pipelined = cfg.parallel.schedule != "single";
+  std::vector<std::unique_ptr<compute_device>> devices;
+  std::unique_ptr<pipeline_executor> pipe;
+  if (pipelined) {
+    cpu_device_options dopts;
+    if (cfg.offload.device_memory_mb > 0) dopts.capacity_bytes = static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0);
+    dopts.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
+    dopts.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
+    LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts));
+    devices = std::move(devs);
+    schedule_options so;
+    so.devices = static_cast<int32_t>(devices.size());
+    so.micro_batches = static_cast<int32_t>(cfg.parallel.micro_batches);
+    so.virtual_stages = static_cast<int32_t>(cfg.parallel.virtual_stages);
+    so.recompute = cfg.offload.recompute;
+    so.offload_activations = cfg.offload.activations && cfg.offload.recompute;
+    so.stream_weights = cfg.offload.stream_weights;
+    auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(w.cfg.num_layers), so);
+    if (!prog) return make_error("parallel.schedule: {}", prog.message());
+    auto check = simulate(*prog, uniform_costs(*prog, 1.0, 2.0));
+    if (!check.ok) return make_error("parallel.schedule: generated program is invalid: {}\n{}", check.error, check.grid);
+    std::vector<compute_device*> raw;
+    for (auto& d : devices) raw.push_back(d.get());
+    obs.on_event(log_event{log_event::level::info,
+                           fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {}; transport host-staged)",
+                                       prog->schedule, cfg.parallel.devices, prog->stages.size(), prog->micro_batches,
+                                       so.stream_weights ? "streamed" : "resident", so.offload_activations ? "offloaded" : "on device")});
+    pipe = std::make_unique<pipeline_executor>(w, lora, std::move(*prog), raw,
+                                               adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2,
+                                                            cfg.optimizer.eps, cfg.optimizer.weight_decay});
+  }
+
   epoch_sampler sampler(data.train.size(), static_cast<uint64_t>(cfg.run.seed));
   int64_t cursor = 0;
   double busy_s = 0;
@@ -134,22 +170,36 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
       break;
     }
     const auto t0 = clock_type::now();
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < cfg.run.grad_accum; ++micro) {
+    double loss_mean = 0, gnorm = 0;
+    const double lr = sched.at(step);
+    if (pipe) {
       std::vector<int64_t> idx;
       for (int64_t b = 0; b < cfg.run.batch_size; ++b) idx.push_back(sampler.at(cursor++));
-      auto [x, y] = make_batch(data.train, idx);                   // i64 [B,T] each
-      auto loss = causal_lm_loss(forward(w, &lora, x, 0, nullptr, true), y);  // f32 []
-      (loss / static_cast<double>(cfg.run.grad_accum)).backward();
-      loss_sum += loss.item<double>();
+      auto [x, y] = make_batch(data.train, idx);  // i64 [B,T] each
+      std::vector<micro_batch> mbs;
+      auto xs = x.chunk(cfg.parallel.micro_batches), ys = y.chunk(cfg.parallel.micro_batches);
+      for (size_t i = 0; i < xs.size(); ++i) mbs.push_back({xs[i].contiguous(), ys[i].contiguous()});
+      LP_TRY_ASSIGN(r, pipe->step(mbs, lr, cfg.optimizer.grad_clip));
+      loss_mean = r.loss;
+      gnorm = r.grad_norm;
+    } else {
+      double loss_sum = 0;
+      for (int64_t micro = 0; micro < cfg.run.grad_accum; ++micro) {
+        std::vector<int64_t> idx;
+        for (int64_t b = 0; b < cfg.run.batch_size; ++b) idx.push_back(sampler.at(cursor++));
+        auto [x, y] = make_batch(data.train, idx);                               // i64 [B,T] each
+        auto loss = causal_lm_loss(forward(w, &lora, x, 0, nullptr, true), y);  // f32 []
+        (loss / static_cast<double>(cfg.run.grad_accum)).backward();
+        loss_sum += loss.item<double>();
+      }
+      gnorm = clip_grad_norm(params, cfg.optimizer.grad_clip);
+      opt.step(lr);
+      opt.zero_grad();
+      loss_mean = loss_sum / cfg.run.grad_accum;
     }
-    const double gnorm = clip_grad_norm(params, cfg.optimizer.grad_clip);
-    const double lr = sched.at(step);
-    opt.step(lr);
-    opt.zero_grad();
     const double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
     busy_s += dt;
-    obs.on_event(step_event{step + 1, cfg.run.steps, loss_sum / cfg.run.grad_accum, lr, gnorm,
+    obs.on_event(step_event{step + 1, cfg.run.steps, loss_mean, lr, gnorm,
                             tokens_per_step / std::max(dt, 1e-9),
                             std::chrono::duration<double>(clock_type::now() - t_start).count()});
     if (has_val && cfg.run.eval_interval > 0 && (step + 1) % cfg.run.eval_interval == 0 && step + 1 < cfg.run.steps)

@@ -1,0 +1,463 @@
+// Pipeline executor: see pipeline_executor.h.
+#include "core/pipeline_executor.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include <torch/torch.h>
+
+#include "core/errors.h"
+
+namespace lorapipe {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// Memory held in a device arena for as long as the owning tensor lives (RAII).
+struct arena_block {
+  memory_arena* arena;
+  size_t offset;
+  arena_block(memory_arena& a, size_t bytes) : arena(&a) {
+    auto r = a.allocate(bytes);
+    if (!r) throw out_of_memory_error(r.message());
+    offset = *r;
+  }
+  ~arena_block() { arena->release(offset); }
+  arena_block(const arena_block&) = delete;
+  arena_block& operator=(const arena_block&) = delete;
+};
+using block_ptr = std::shared_ptr<arena_block>;
+
+size_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// A tensor that may still be in flight on a copy engine.
+struct async_tensor {
+  std::shared_future<void> done;
+  std::shared_ptr<at::Tensor> value = std::make_shared<at::Tensor>();
+  block_ptr mem;
+  at::Tensor get() const {
+    if (done.valid()) done.get();
+    return *value;
+  }
+  static async_tensor ready(at::Tensor t, block_ptr m) {
+    async_tensor a;
+    *a.value = std::move(t);
+    a.mem = std::move(m);
+    return a;
+  }
+};
+
+// Frozen weights of one stage on one device.
+struct stage_weights {
+  std::vector<layer_weights> layers;
+  at::Tensor embed, final_norm, lm_head;
+};
+
+struct graph_stash {
+  at::Tensor input;   // leaf with requires_grad (undefined for the embedding stage)
+  at::Tensor output;  // hidden state [b,T,D], or the scaled loss for the head stage
+  block_ptr mem;
+};
+
+struct aborted {};
+
+}  // namespace
+
+double stash_bytes_per_layer(const llama_config& c, int64_t tokens, size_t elem_bytes) {
+  const double kv = static_cast<double>(c.num_kv_heads * c.head_dim), q = static_cast<double>(c.num_heads * c.head_dim);
+  return static_cast<double>(tokens) * elem_bytes * (7.0 * c.hidden_size + 2 * q + 2 * kv + 3.0 * c.intermediate_size);
+}
+
+struct pipeline_executor::impl {
+  const llama_weights& w;
+  lora_adapters& lora;
+  const program& prog;
+  std::vector<compute_device*> devs;
+  std::map<int32_t, std::unique_ptr<adamw>> optim;           // per stage that steps
+  std::map<int32_t, std::vector<at::Tensor>> stage_params;   // LoRA parameters per stepping stage
+  std::set<int32_t> recomputed;                              // stages with a RECOMPUTE instruction
+  std::set<int32_t> backwarded;                              // stages with a BACKWARD instruction
+  std::map<int32_t, std::set<int32_t>> checkpoints;          // forward stage -> boundaries it saves
+  int32_t total_backward = 0;
+
+  // Per-step shared state.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::tuple<char, int32_t, int32_t, int32_t>, at::Tensor> mailbox;  // (A|G, boundary, micro, dest)
+  std::map<std::pair<int32_t, int32_t>, async_tensor> host;                    // offloaded checkpoints
+  std::vector<block_ptr> inflight;  // memory of tensors travelling between devices
+  int32_t backward_left = 0;
+  bool failed = false;
+  std::string error;
+  bool norm_done = false;
+  double grad_norm = 0, loss_sum = 0;
+  std::vector<instr_timing> trace;
+  clock_type::time_point t0;
+
+  impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt)
+      : w(w_), lora(l), prog(p), devs(std::move(d)) {
+    for (const auto& list : prog.devices)
+      for (const auto& in : list) {
+        if (in.kind == op::recompute) recomputed.insert(in.stage);
+        if (in.kind == op::backward) {
+          ++total_backward;
+          backwarded.insert(in.stage);
+        }
+      }
+    for (const auto& list : prog.devices)
+      for (const auto& in : list)
+        if (in.kind == op::forward)
+          for (int32_t x : recomputed) {
+            const int32_t b = prog.stages[x].first_layer;
+            if (b >= prog.stages[in.stage].first_layer && b < std::max(prog.stages[in.stage].last_layer, prog.stages[in.stage].first_layer + 1))
+              checkpoints[in.stage].insert(b);
+          }
+    for (const auto& list : prog.devices)
+      for (const auto& in : list)
+        if (in.kind == op::optimizer_step) {
+          std::vector<at::Tensor> ps;
+          const auto& st = prog.stages[in.stage];
+          for (int32_t l = st.first_layer; l < st.last_layer; ++l)
+            for (const auto& pair : lora.layers[l])
+              if (pair.a.defined()) {
+                ps.push_back(pair.a);
+                ps.push_back(pair.b);
+              }
+          stage_params[in.stage] = ps;
+          optim[in.stage] = std::make_unique<adamw>(ps, opt);
+        }
+  }
+
+  void fail(const std::string& msg) {
+    std::lock_guard lock(mu);
+    if (!failed) {
+      failed = true;
+      error = msg;
+    }
+    cv.notify_all();
+  }
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
+    cv.wait(lock, [&] { return failed || pred(); });
+    if (failed) throw aborted{};
+  }
+
+  // Runs the layers of a stage from `x` (embedding stage: token ids); saves checkpoints at the
+  // requested boundaries into `ckpt` and returns the hidden state (or the loss for the head stage).
+  at::Tensor run_stage(const stage_weights& sw, const stage_def& st, int32_t stage, const at::Tensor& input,
+                       const micro_batch& mb, std::map<int32_t, at::Tensor>* ckpt, double* loss_out) {
+    const layer_context ctx{w.cfg, w.rope, &lora, true};
+    at::Tensor x = input;
+    if (st.has_embed) {
+      if (ckpt != nullptr && checkpoints[stage].count(0)) (*ckpt)[0] = mb.tokens;
+      x = torch::embedding(sw.embed, input);  // [b,T,D]
+    }
+    for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+      if (ckpt != nullptr && l > 0 && checkpoints[stage].count(l)) (*ckpt)[l] = x.detach();
+      x = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
+    }
+    if (!st.has_head) return x;
+    auto loss = causal_lm_loss(head_logits(w.cfg, sw.final_norm, sw.lm_head, x), mb.labels);
+    if (loss_out != nullptr) *loss_out = loss.item<double>();
+    return loss / static_cast<double>(prog.micro_batches);
+  }
+
+  void worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm) {
+    compute_device& dev = *devs[d];
+    at::set_num_threads(dev.compute_threads());
+    std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
+    std::map<int32_t, std::shared_future<void>> weights_ready;
+    std::map<int32_t, std::shared_ptr<stage_weights>> weights;
+    std::map<int32_t, block_ptr> weights_mem;
+    std::map<std::pair<int32_t, int32_t>, graph_stash> stash;
+    const int64_t tokens_per_micro = mbs.empty() ? 0 : mbs[0].tokens.numel();
+    auto take = [&](char k, int32_t b, int32_t m) {
+      auto it = local.find({k, b, m});
+      if (it == local.end()) throw lorapipe_error(fmt::format("{}: missing {} at layer {} of micro-batch {}", dev.name(), k, b, m));
+      auto t = it->second.get();
+      local.erase(it);
+      return t;
+    };
+    auto keep = [&](char k, int32_t b, int32_t m, const at::Tensor& t) {
+      local[{k, b, m}] = async_tensor::ready(t, std::make_shared<arena_block>(dev.arena(), nbytes(t)));
+    };
+    auto stage_w = [&](int32_t s) -> const stage_weights& {
+      auto it = weights_ready.find(s);
+      if (it == weights_ready.end())
+        throw lorapipe_error(fmt::format("{}: stage {} computes without PREFETCH_WEIGHTS", dev.name(), s));
+      it->second.get();
+      return *weights[s];
+    };
+    auto timed = [&](const instr& in, auto&& fn) {
+      const auto a = clock_type::now();
+      fn();
+      const auto b = clock_type::now();
+      std::lock_guard lock(mu);
+      trace.push_back({d, in, std::chrono::duration<double>(a - t0).count(), std::chrono::duration<double>(b - t0).count()});
+    };
+    // Ships a tensor to another device: download here, then upload there, then the mailbox.
+    auto send = [&](char kind, int32_t boundary, int32_t m, int32_t peer, async_tensor t) {
+      auto host_copy = std::make_shared<at::Tensor>();
+      const size_t bytes = nbytes(t.get());
+      compute_device* to = devs[peer];
+      dev.download().submit(bytes, [this, t, host_copy, bytes, to, kind, boundary, m, peer] {
+        *host_copy = t.get().clone();
+        to->upload().submit(bytes, [this, host_copy, to, kind, boundary, m, peer] {
+          try {
+            auto mem = std::make_shared<arena_block>(to->arena(), nbytes(*host_copy));
+            auto on_device = host_copy->clone();
+            std::lock_guard lock(mu);
+            mailbox[{kind, boundary, m, peer}] = on_device;
+            inflight.push_back(mem);
+            cv.notify_all();
+          } catch (const std::exception& e) {
+            fail(e.what());
+          }
+        });
+      });
+    };
+    auto recv = [&](char kind, int32_t boundary, int32_t m) {
+      std::unique_lock lock(mu);
+      const auto key = std::make_tuple(kind, boundary, m, d);
+      wait(lock, [&] { return mailbox.count(key) > 0; });
+      auto t = mailbox[key];
+      mailbox.erase(key);
+      lock.unlock();
+      keep(kind == 'A' ? 'a' : 'g', boundary, m, t);
+    };
+
+    for (const auto& in : prog.devices[d]) {
+      const auto& st = prog.stages[in.stage];
+      const int32_t s = in.stage, m = in.micro;
+      switch (in.kind) {
+        case op::load_micro_batch:
+          break;  // micro-batches are host tensors; the stage reads tokens/labels directly
+        case op::prefetch_weights: {
+          auto sw = std::make_shared<stage_weights>();
+          size_t bytes = 0;
+          for (int32_t l = st.first_layer; l < st.last_layer; ++l)
+            for (const auto& t : w.layers[l].proj) bytes += nbytes(t);
+          for (int32_t l = st.first_layer; l < st.last_layer; ++l) bytes += nbytes(w.layers[l].input_norm) * 2;
+          if (st.has_embed) bytes += nbytes(w.embed);
+          if (st.has_head) bytes += nbytes(w.final_norm) + (st.has_embed && w.cfg.tie_word_embeddings ? 0 : nbytes(w.lm_head));
+          weights_mem[s] = std::make_shared<arena_block>(dev.arena(), bytes);
+          weights[s] = sw;
+          weights_ready[s] = dev.upload().submit(bytes, [this, sw, st] {
+            for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+              const auto& src = w.layers[l];
+              layer_weights lw;
+              lw.input_norm = src.input_norm.clone();
+              lw.post_norm = src.post_norm.clone();
+              for (int i = 0; i < num_lora_targets; ++i) lw.proj[i] = src.proj[i].clone();
+              sw->layers.push_back(std::move(lw));
+            }
+            if (st.has_embed) sw->embed = w.embed.clone();
+            if (st.has_head) {
+              sw->final_norm = w.final_norm.clone();
+              sw->lm_head = st.has_embed && w.cfg.tie_word_embeddings ? sw->embed : w.lm_head.clone();
+            }
+          });
+          break;
+        }
+        case op::release_weights:
+          if (weights_ready.count(s)) weights_ready[s].get();
+          weights.erase(s);
+          weights_ready.erase(s);
+          weights_mem.erase(s);
+          break;
+        case op::forward:
+          timed(in, [&] {
+            const auto& sw = stage_w(s);
+            // The graph is kept only when this stage's backward uses it directly (no recompute).
+            const bool keep_graph = backwarded.count(s) && !recomputed.count(s);
+            at::Tensor x = st.has_embed ? mbs[m].tokens : take('a', st.first_layer, m);
+            std::map<int32_t, at::Tensor> ckpt;
+            double loss = 0;
+            if (keep_graph) {
+              if (!st.has_embed) x = x.detach().requires_grad_(true);
+              auto out = run_stage(sw, st, s, x, mbs[m], &ckpt, &loss);
+              auto mem = std::make_shared<arena_block>(
+                  dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, x.element_size()) *
+                                                   std::max(1, st.last_layer - st.first_layer)));
+              if (!st.has_head) keep('a', st.last_layer, m, out.detach());
+              stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, mem};
+            } else {
+              torch::NoGradGuard ng;
+              auto out = run_stage(sw, st, s, x, mbs[m], &ckpt, &loss);
+              if (!st.has_head) keep('a', st.last_layer, m, out);
+            }
+            for (auto& [b, t] : ckpt) keep('c', b, m, t);
+            if (st.has_head) {
+              std::lock_guard lock(mu);
+              loss_sum += loss;
+            }
+          });
+          break;
+        case op::recompute:
+          timed(in, [&] {
+            const auto& sw = stage_w(s);
+            at::Tensor x = take('c', st.first_layer, m);
+            if (!st.has_embed) x = x.detach().requires_grad_(true);
+            double loss = 0;
+            auto out = run_stage(sw, st, s, x, mbs[m], nullptr, st.has_head ? &loss : nullptr);
+            auto mem = std::make_shared<arena_block>(
+                dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, w.embed.element_size()) *
+                                                 std::max(1, st.last_layer - st.first_layer)));
+            stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, mem};
+          });
+          break;
+        case op::backward:
+          timed(in, [&] {
+            stage_w(s);
+            auto it = stash.find({s, m});
+            if (it == stash.end()) throw lorapipe_error(fmt::format("{}: backward of stage {} micro-batch {} has no graph", dev.name(), s, m));
+            auto g = std::move(it->second);
+            stash.erase(it);
+            if (st.has_head) {
+              g.output.backward();
+            } else {
+              auto grad = take('g', st.last_layer, m);
+              g.output.backward(grad);
+            }
+            if (!st.has_embed) keep('g', st.first_layer, m, g.input.grad());
+            std::lock_guard lock(mu);
+            --backward_left;
+            cv.notify_all();
+          });
+          break;
+        case op::send_act: {
+          auto it = local.find({'a', st.last_layer, m});
+          if (it == local.end()) throw lorapipe_error(fmt::format("{}: nothing to send for {}", dev.name(), instr_to_text(in)));
+          send('A', st.last_layer, m, in.peer, it->second);
+          local.erase(it);
+          break;
+        }
+        case op::send_grad: {
+          auto it = local.find({'g', st.first_layer, m});
+          if (it == local.end()) throw lorapipe_error(fmt::format("{}: nothing to send for {}", dev.name(), instr_to_text(in)));
+          send('G', st.first_layer, m, in.peer, it->second);
+          local.erase(it);
+          break;
+        }
+        case op::recv_act:
+          recv('A', st.first_layer, m);
+          break;
+        case op::recv_grad:
+          recv('G', st.last_layer, m);
+          break;
+        case op::offload_act: {
+          auto it = local.find({'c', st.first_layer, m});
+          if (it == local.end()) throw lorapipe_error(fmt::format("{}: no checkpoint for {}", dev.name(), instr_to_text(in)));
+          async_tensor src = it->second;
+          local.erase(it);
+          async_tensor dst;
+          dst.done = dev.download().submit(nbytes(src.get()), [src, v = dst.value] { *v = src.get().clone(); });
+          std::lock_guard lock(mu);
+          host[{st.first_layer, m}] = dst;
+          cv.notify_all();
+          break;
+        }
+        case op::reload_act: {
+          async_tensor src;
+          {
+            std::unique_lock lock(mu);
+            const auto key = std::make_pair(st.first_layer, m);
+            wait(lock, [&] { return host.count(key) > 0; });
+            src = host[key];
+            host.erase(key);
+          }
+          src.get();  // (host copy finished)
+          async_tensor dst;
+          dst.mem = std::make_shared<arena_block>(dev.arena(), nbytes(*src.value));
+          dst.done = dev.upload().submit(nbytes(*src.value), [src, v = dst.value] { *v = src.get().clone(); });
+          local[{'c', st.first_layer, m}] = dst;
+          break;
+        }
+        case op::optimizer_step: {
+          std::unique_lock lock(mu);
+          wait(lock, [&] { return backward_left == 0; });
+          if (!norm_done) {  // global clip over every stage's LoRA gradients, once
+            grad_norm = clip_grad_norm(lora.parameters(), max_norm);
+            norm_done = true;
+          }
+          lock.unlock();
+          if (lr > 0) optim[s]->step(lr);
+          optim[s]->zero_grad();
+          break;
+        }
+      }
+    }
+    if (!stash.empty()) throw lorapipe_error(fmt::format("{}: {} graphs left without backward", dev.name(), stash.size()));
+  }
+};
+
+pipeline_executor::pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog,
+                                     std::vector<compute_device*> devices, adamw_config opt)
+    : prog_(std::move(prog)) {
+  d_ = std::make_unique<impl>(w, lora, prog_, std::move(devices), opt);
+}
+
+pipeline_executor::~pipeline_executor() = default;
+
+result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm) {
+  auto& s = *d_;
+  if (static_cast<int32_t>(mbs.size()) != prog_.micro_batches)
+    return make_error("pipeline: {} micro-batches given, the program expects {}", mbs.size(), prog_.micro_batches);
+  if (s.devs.size() != prog_.devices.size())
+    return make_error("pipeline: program for {} devices, {} given", prog_.devices.size(), s.devs.size());
+  s.mailbox.clear();
+  s.host.clear();
+  s.inflight.clear();
+  s.backward_left = s.total_backward;
+  s.failed = false;
+  s.error.clear();
+  s.norm_done = false;
+  s.grad_norm = 0;
+  s.loss_sum = 0;
+  s.trace.clear();
+  for (auto* d : s.devs) d->arena().reset_peak();
+  const int main_threads = at::get_num_threads();
+  s.t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (int32_t d = 0; d < static_cast<int32_t>(s.devs.size()); ++d)
+    threads.emplace_back([&, d] {
+      try {
+        s.worker(d, mbs, lr, max_grad_norm);
+      } catch (const aborted&) {
+      } catch (const c10::Error& e) {
+        s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what_without_backtrace()));
+      } catch (const std::exception& e) {
+        s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what()));
+      }
+    });
+  for (auto& t : threads) t.join();
+  // Let in-flight copies finish before their memory and tensors go away.
+  for (auto* d : s.devs) {
+    d->upload().submit(0, [] {}).wait();
+    d->download().submit(0, [] {}).wait();
+    d->upload().submit(0, [] {}).wait();
+  }
+  at::set_num_threads(main_threads);
+  pipeline_step_result r;
+  r.seconds = std::chrono::duration<double>(clock_type::now() - s.t0).count();
+  s.mailbox.clear();
+  s.host.clear();
+  s.inflight.clear();
+  if (s.failed) {
+    for (auto& p : s.lora.parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    return make_error("pipeline step failed: {}", s.error);
+  }
+  r.loss = s.loss_sum / prog_.micro_batches;
+  r.grad_norm = s.grad_norm;
+  for (auto* d : s.devs) r.peak_bytes.push_back(d->arena().peak());
+  r.trace = s.trace;
+  return r;
+}
+
+}  // namespace lorapipe

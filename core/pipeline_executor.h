@@ -1,0 +1,67 @@
+// Runs a schedule program on compute devices: one worker thread per device walks its instruction
+// list (a switch over the instruction kind), frozen base weights are uploaded from host memory into
+// each device's arena by PREFETCH_WEIGHTS (double-buffered by the generators) and freed by
+// RELEASE_WEIGHTS, stage inputs are checkpointed, offloaded to host and reloaded for recompute,
+// activations and gradients cross devices through the copy engines (host-staged transport).
+// LoRA parameters keep their AdamW state per stage; OPTIMIZER_STEP applies it after a global
+// gradient-norm clip. One call = one training iteration.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/llama_model.h"
+#include "core/lora.h"
+#include "core/optimizer.h"
+#include "core/result.h"
+#include "core/schedule.h"
+#include "offload/device.h"
+
+namespace lorapipe {
+
+struct micro_batch {
+  at::Tensor tokens;  // i64 [b,T]
+  at::Tensor labels;  // i64 [b,T], -100 = ignored
+};
+
+struct instr_timing {
+  int32_t device;
+  instr in;
+  double start_s, end_s;  // since the step began
+};
+
+struct pipeline_step_result {
+  double loss = 0;       // mean over micro-batches
+  double grad_norm = 0;  // before clipping
+  double seconds = 0;
+  std::vector<size_t> peak_bytes;  // per device arena peak during the step
+  std::vector<instr_timing> trace;  // compute instructions (F, R, B) with times
+};
+
+// Bytes an autograd graph keeps per layer for `tokens` tokens (activation memory model shared with
+// the simulator).
+double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, size_t elem_bytes);
+
+class pipeline_executor {
+ public:
+  pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog, std::vector<compute_device*> devices,
+                    adamw_config opt);
+  ~pipeline_executor();
+  pipeline_executor(const pipeline_executor&) = delete;
+  pipeline_executor& operator=(const pipeline_executor&) = delete;
+
+  // One iteration over micro-batches (as many as the program's micro_batches). Gradients are the
+  // mean over all micro-batches; when `lr` > 0 the optimizer steps with clipping to max_grad_norm.
+  result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm);
+  const program& prog() const { return prog_; }
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> d_;
+  program prog_;
+};
+
+}  // namespace lorapipe
