@@ -88,9 +88,8 @@ struct pipeline_executor::impl {
   // Per-step shared state.
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::tuple<char, int32_t, int32_t, int32_t>, at::Tensor> mailbox;  // (A|G, boundary, micro, dest)
+  std::map<std::tuple<char, int32_t, int32_t, int32_t>, async_tensor> mailbox;  // (A|G, boundary, micro, dest)
   std::map<std::pair<int32_t, int32_t>, async_tensor> host;                    // offloaded checkpoints
-  std::vector<block_ptr> inflight;  // memory of tensors travelling between devices
   int32_t backward_left = 0;
   bool failed = false;
   std::string error;
@@ -167,7 +166,7 @@ struct pipeline_executor::impl {
     return loss / static_cast<double>(prog.micro_batches);
   }
 
-  void worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm) {
+  void worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm, bool apply) {
     compute_device& dev = *devs[d];
     at::set_num_threads(dev.compute_threads());
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
@@ -210,10 +209,9 @@ struct pipeline_executor::impl {
         to->upload().submit(bytes, [this, host_copy, to, kind, boundary, m, peer] {
           try {
             auto mem = std::make_shared<arena_block>(to->arena(), nbytes(*host_copy));
-            auto on_device = host_copy->clone();
+            auto on_device = async_tensor::ready(host_copy->clone(), mem);
             std::lock_guard lock(mu);
             mailbox[{kind, boundary, m, peer}] = on_device;
-            inflight.push_back(mem);
             cv.notify_all();
           } catch (const std::exception& e) {
             fail(e.what());
@@ -225,10 +223,8 @@ struct pipeline_executor::impl {
       std::unique_lock lock(mu);
       const auto key = std::make_tuple(kind, boundary, m, d);
       wait(lock, [&] { return mailbox.count(key) > 0; });
-      auto t = mailbox[key];
+      local[{kind == 'A' ? 'a' : 'g', boundary, m}] = mailbox[key];  // its arena block moves along
       mailbox.erase(key);
-      lock.unlock();
-      keep(kind == 'A' ? 'a' : 'g', boundary, m, t);
     };
 
     for (const auto& in : prog.devices[d]) {
@@ -382,12 +378,14 @@ struct pipeline_executor::impl {
           std::unique_lock lock(mu);
           wait(lock, [&] { return backward_left == 0; });
           if (!norm_done) {  // global clip over every stage's LoRA gradients, once
-            grad_norm = clip_grad_norm(lora.parameters(), max_norm);
+            grad_norm = clip_grad_norm(lora.parameters(), apply ? max_norm : 0.0);
             norm_done = true;
           }
           lock.unlock();
-          if (lr > 0) optim[s]->step(lr);
-          optim[s]->zero_grad();
+          if (apply) {
+            optim[s]->step(lr);
+            optim[s]->zero_grad();
+          }
           break;
         }
       }
@@ -404,7 +402,8 @@ pipeline_executor::pipeline_executor(const llama_weights& w, lora_adapters& lora
 
 pipeline_executor::~pipeline_executor() = default;
 
-result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm) {
+result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
+                                                     bool apply_optimizer) {
   auto& s = *d_;
   if (static_cast<int32_t>(mbs.size()) != prog_.micro_batches)
     return make_error("pipeline: {} micro-batches given, the program expects {}", mbs.size(), prog_.micro_batches);
@@ -412,7 +411,6 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     return make_error("pipeline: program for {} devices, {} given", prog_.devices.size(), s.devs.size());
   s.mailbox.clear();
   s.host.clear();
-  s.inflight.clear();
   s.backward_left = s.total_backward;
   s.failed = false;
   s.error.clear();
@@ -427,7 +425,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   for (int32_t d = 0; d < static_cast<int32_t>(s.devs.size()); ++d)
     threads.emplace_back([&, d] {
       try {
-        s.worker(d, mbs, lr, max_grad_norm);
+        s.worker(d, mbs, lr, max_grad_norm, apply_optimizer);
       } catch (const aborted&) {
       } catch (const c10::Error& e) {
         s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what_without_backtrace()));
@@ -447,7 +445,6 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   r.seconds = std::chrono::duration<double>(clock_type::now() - s.t0).count();
   s.mailbox.clear();
   s.host.clear();
-  s.inflight.clear();
   if (s.failed) {
     for (auto& p : s.lora.parameters())
       if (p.grad().defined()) p.mutable_grad().zero_();

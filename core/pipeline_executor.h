@@ -54,8 +54,10 @@ class pipeline_executor {
   pipeline_executor& operator=(const pipeline_executor&) = delete;
 
   // One iteration over micro-batches (as many as the program's micro_batches). Gradients are the
-  // mean over all micro-batches; when `lr` > 0 the optimizer steps with clipping to max_grad_norm.
-  result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm);
+  // mean over all micro-batches. With apply_optimizer, OPTIMIZER_STEP clips them globally to
+  // max_grad_norm and runs AdamW with `lr` (then zeroes them); without, they are left in .grad().
+  result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
+                                    bool apply_optimizer = true);
   const program& prog() const { return prog_; }
 
  private:

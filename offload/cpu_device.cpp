@@ -7,7 +7,7 @@ namespace lorapipe {
 
 cpu_device::cpu_device(int index, const cpu_device_options& o)
     : name_("cpu:" + std::to_string(index)),
-      arena_(name_, o.capacity_bytes, 64),
+      arena_(name_, o.capacity_bytes, 64, /*contiguous=*/false),
       up_(name_ + "/h2d", o.copy_bytes_per_s, o.copy_latency_s),
       down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s),
       threads_(o.compute_threads) {}

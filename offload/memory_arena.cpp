@@ -6,14 +6,23 @@
 
 namespace lorapipe {
 
-memory_arena::memory_arena(std::string name, size_t capacity, size_t alignment)
-    : name_(std::move(name)), capacity_(capacity), alignment_(std::max<size_t>(1, alignment)) {
+memory_arena::memory_arena(std::string name, size_t capacity, size_t alignment, bool contiguous)
+    : name_(std::move(name)), capacity_(capacity), alignment_(std::max<size_t>(1, alignment)), contiguous_(contiguous) {
   if (capacity_ > 0) free_[0] = capacity_;
 }
 
 result<size_t> memory_arena::allocate(size_t bytes) {
   const size_t need = (std::max<size_t>(bytes, 1) + alignment_ - 1) / alignment_ * alignment_;
   std::lock_guard lock(mu_);
+  if (!contiguous_) {
+    if (in_use_ + need > capacity_)
+      return make_error("{}: out of memory: {} bytes requested, {} of {} in use", name_, bytes, in_use_, capacity_);
+    const size_t h = next_handle_++;
+    used_[h] = need;
+    in_use_ += need;
+    peak_ = std::max(peak_, in_use_);
+    return h;
+  }
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < need) continue;
     const size_t off = it->first, rest = it->second - need;
@@ -35,6 +44,7 @@ void memory_arena::release(size_t offset) {
   size_t off = it->first, size = it->second;
   in_use_ -= size;
   used_.erase(it);
+  if (!contiguous_) return;
   auto next = free_.lower_bound(off);
   if (next != free_.end() && off + size == next->first) {
     size += next->second;

@@ -14,7 +14,10 @@ namespace lorapipe {
 
 class memory_arena {
  public:
-  memory_arena(std::string name, size_t capacity, size_t alignment = 256);
+  // contiguous: blocks get real offsets in one range (first fit, so fragmentation can cause OOM, as in
+  // a preallocated GPU arena); otherwise only the total is limited (CPU virtual devices, whose tensors
+  // are separate host allocations) and the "offset" is just a handle.
+  memory_arena(std::string name, size_t capacity, size_t alignment = 256, bool contiguous = true);
   // Offset of a block of exactly `bytes` (rounded up to the alignment); error when it does not fit.
   result<size_t> allocate(size_t bytes);
   void release(size_t offset);
@@ -27,6 +30,8 @@ class memory_arena {
  private:
   std::string name_;
   size_t capacity_, alignment_;
+  bool contiguous_;
+  size_t next_handle_ = 0;
   mutable std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> size, coalesced
   std::map<size_t, size_t> used_;  // offset -> size
