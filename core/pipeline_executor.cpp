@@ -84,6 +84,13 @@ struct pipeline_executor::impl {
   std::set<int32_t> backwarded;                              // stages with a BACKWARD instruction
   std::map<int32_t, std::set<int32_t>> checkpoints;          // forward stage -> boundaries it saves
   int32_t total_backward = 0;
+  // Frozen weights on each device; they persist across steps until RELEASE_WEIGHTS (resident mode).
+  struct resident_weights {
+    std::shared_future<void> ready;
+    std::shared_ptr<stage_weights> weights;
+    block_ptr mem;
+  };
+  std::vector<std::map<int32_t, resident_weights>> on_device;
 
   // Per-step shared state.
   std::mutex mu;
@@ -99,7 +106,7 @@ struct pipeline_executor::impl {
   clock_type::time_point t0;
 
   impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt)
-      : w(w_), lora(l), prog(p), devs(std::move(d)) {
+      : w(w_), lora(l), prog(p), devs(std::move(d)), on_device(devs.size()) {
     for (const auto& list : prog.devices)
       for (const auto& in : list) {
         if (in.kind == op::recompute) recomputed.insert(in.stage);
@@ -170,9 +177,7 @@ struct pipeline_executor::impl {
     compute_device& dev = *devs[d];
     at::set_num_threads(dev.compute_threads());
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
-    std::map<int32_t, std::shared_future<void>> weights_ready;
-    std::map<int32_t, std::shared_ptr<stage_weights>> weights;
-    std::map<int32_t, block_ptr> weights_mem;
+    auto& weights = on_device[d];
     std::map<std::pair<int32_t, int32_t>, graph_stash> stash;
     const int64_t tokens_per_micro = mbs.empty() ? 0 : mbs[0].tokens.numel();
     auto take = [&](char k, int32_t b, int32_t m) {
@@ -186,11 +191,10 @@ struct pipeline_executor::impl {
       local[{k, b, m}] = async_tensor::ready(t, std::make_shared<arena_block>(dev.arena(), nbytes(t)));
     };
     auto stage_w = [&](int32_t s) -> const stage_weights& {
-      auto it = weights_ready.find(s);
-      if (it == weights_ready.end())
-        throw lorapipe_error(fmt::format("{}: stage {} computes without PREFETCH_WEIGHTS", dev.name(), s));
-      it->second.get();
-      return *weights[s];
+      auto it = weights.find(s);
+      if (it == weights.end()) throw lorapipe_error(fmt::format("{}: stage {} computes without PREFETCH_WEIGHTS", dev.name(), s));
+      it->second.ready.get();
+      return *it->second.weights;
     };
     auto timed = [&](const instr& in, auto&& fn) {
       const auto a = clock_type::now();
@@ -234,6 +238,7 @@ struct pipeline_executor::impl {
         case op::load_micro_batch:
           break;  // micro-batches are host tensors; the stage reads tokens/labels directly
         case op::prefetch_weights: {
+          if (weights.count(s)) break;  // still resident from an earlier step
           auto sw = std::make_shared<stage_weights>();
           size_t bytes = 0;
           for (int32_t l = st.first_layer; l < st.last_layer; ++l)
@@ -241,9 +246,8 @@ struct pipeline_executor::impl {
           for (int32_t l = st.first_layer; l < st.last_layer; ++l) bytes += nbytes(w.layers[l].input_norm) * 2;
           if (st.has_embed) bytes += nbytes(w.embed);
           if (st.has_head) bytes += nbytes(w.final_norm) + (st.has_embed && w.cfg.tie_word_embeddings ? 0 : nbytes(w.lm_head));
-          weights_mem[s] = std::make_shared<arena_block>(dev.arena(), bytes);
-          weights[s] = sw;
-          weights_ready[s] = dev.upload().submit(bytes, [this, sw, st] {
+          auto mem = std::make_shared<arena_block>(dev.arena(), bytes);
+          weights[s] = {dev.upload().submit(bytes, [this, sw, st] {
             for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
               const auto& src = w.layers[l];
               layer_weights lw;
@@ -257,14 +261,14 @@ struct pipeline_executor::impl {
               sw->final_norm = w.final_norm.clone();
               sw->lm_head = st.has_embed && w.cfg.tie_word_embeddings ? sw->embed : w.lm_head.clone();
             }
-          });
+          }), sw, mem};
           break;
         }
         case op::release_weights:
-          if (weights_ready.count(s)) weights_ready[s].get();
-          weights.erase(s);
-          weights_ready.erase(s);
-          weights_mem.erase(s);
+          if (auto it = weights.find(s); it != weights.end()) {
+            it->second.ready.get();
+            weights.erase(it);
+          }
           break;
         case op::forward:
           timed(in, [&] {
@@ -446,6 +450,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   s.mailbox.clear();
   s.host.clear();
   if (s.failed) {
+    for (auto& m : s.on_device) m.clear();
     for (auto& p : s.lora.parameters())
       if (p.grad().defined()) p.mutable_grad().zero_();
     return make_error("pipeline step failed: {}", s.error);

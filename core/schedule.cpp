@@ -284,6 +284,12 @@ result<program> make_round_robin(const std::vector<stage_def>& fwd, const std::v
         weights_for(k + 2);
       }
     }
+    // Cross-iteration prefetch: the next step's first two jobs upload while the others finish (the
+    // PREFETCH at the top of the next step then finds them resident).
+    if (o.stream_weights) {
+      weights_for(0);
+      weights_for(1);
+    }
     for (int32_t s : mine)
       if (s >= Kf - 1) b.emit(d, op::optimizer_step, s);  // stages that own LoRA grads
   }

@@ -3,6 +3,7 @@
 // merged export, and clear errors for malformed model folders.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -216,4 +217,42 @@ TEST(Lora, ZeroInitIsIdentityAndPeftRoundTrip) {
   auto bad = load_peft_adapter(d / "ad", w);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("shape"), std::string::npos) << bad.message();
+}
+
+TEST(Model, Llama2cVersion1ExportLoadsLikeLegacy) {
+  // Rewrite the legacy checkpoint in llama2.c's version-1 layout ('ak42' header, norms first, no
+  // RoPE tables) and check both load to the same weights.
+  auto raw = read_text_file(stories() / "llama2c/stories260K.bin").value();
+  int32_t h[7];
+  std::memcpy(h, raw.data(), 28);
+  const int64_t D = h[0], H = h[1], L = h[2], NH = h[3], NKV = h[4], V = std::abs(h[5]), S = h[6], hd = D / NH, KV = NKV * hd;
+  const char* p = raw.data() + 28;
+  auto take = [&](int64_t n) {
+    std::string s(p, static_cast<size_t>(n * 4));
+    p += n * 4;
+    return s;
+  };
+  auto tok = take(V * D), rms_att = take(L * D), wq = take(L * D * D), wk = take(L * KV * D), wv = take(L * KV * D),
+       wo = take(L * D * D), rms_ffn = take(L * D), w1 = take(L * H * D), w2 = take(L * D * H), w3 = take(L * H * D),
+       rms_final = take(D);
+  (void)S;
+  std::string v1(256, '\0');
+  const uint32_t magic = 0x616b3432u;
+  const int32_t version = 1;
+  std::memcpy(v1.data(), &magic, 4);
+  std::memcpy(v1.data() + 4, &version, 4);
+  int32_t hdr[7] = {h[0], h[1], h[2], h[3], h[4], static_cast<int32_t>(V), h[6]};
+  std::memcpy(v1.data() + 8, hdr, 28);
+  v1[36] = 1;  // shared classifier
+  v1 += rms_att + rms_ffn + rms_final + tok + wq + wk + wv + wo + w1 + w2 + w3;
+  auto d = temp_dir("v1");
+  std::ofstream(d / "v1.bin", std::ios::binary) << v1;
+  auto a = load(stories() / "llama2c/stories260K.bin"), b = load(d / "v1.bin");
+  auto tokens = torch::randint(0, 512, {1, 9}, torch::kLong);
+  torch::NoGradGuard ng;
+  EXPECT_EQ(maxdiff(forward(a, nullptr, tokens), forward(b, nullptr, tokens)), 0.0);
+  std::ofstream(d / "v1.bin", std::ios::binary | std::ios::trunc) << v1.substr(0, v1.size() - 4);
+  auto bad = load_llama(d / "v1.bin", {at::kFloat});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("size mismatch"), std::string::npos) << bad.message();
 }
