@@ -29,8 +29,8 @@ at::Tensor project(const layer_weights& lw, const std::array<lora_pair, num_lora
     const auto& p = (*lora)[i];
     auto xin = (training && dropout > 0) ? torch::dropout(x, dropout, true) : x;
     // Scale folded into B ([out,r], tiny) instead of the [B,T,out] output.
-    auto a = p.a.to(x.scalar_type());
-    auto b = (p.b * scale).to(x.scalar_type());
+    auto a = p.a.to(x.device(), x.scalar_type());
+    auto b = (p.b * scale).to(x.device(), x.scalar_type());
     y = y + torch::linear(torch::linear(xin, a), b);
   }
   return y;
@@ -44,7 +44,7 @@ at::Tensor attention(const at::Tensor& q /*[B,nh,T,hd]*/, const at::Tensor& k /*
   const bool no_mask = (T == 1);
 #if TORCH_VERSION_MAJOR >= 2
   if (plain_causal || no_mask) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, plain_causal);
-  auto mask = torch::ones({T, S}, torch::kBool).tril(start_pos);  // bool [T,S]
+  auto mask = torch::ones({T, S}, q.options().dtype(torch::kBool)).tril(start_pos);  // bool [T,S]
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
 #else
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
@@ -76,8 +76,8 @@ at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_we
   auto q = proj(lora_target::q, h).view({B, T, cfg.num_heads, hd}).transpose(1, 2);     // [B,nh,T,hd]
   auto k = proj(lora_target::k, h).view({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);  // [B,nkv,T,hd]
   auto v = proj(lora_target::v, h).view({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);  // [B,nkv,T,hd]
-  auto cos = ctx.rope.cos.slice(0, start_pos, start_pos + T).to(x.scalar_type());       // [T,hd]
-  auto sin = ctx.rope.sin.slice(0, start_pos, start_pos + T).to(x.scalar_type());
+  auto cos = ctx.rope.cos.slice(0, start_pos, start_pos + T).to(x.device(), x.scalar_type());  // [T,hd]
+  auto sin = ctx.rope.sin.slice(0, start_pos, start_pos + T).to(x.device(), x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache != nullptr) {

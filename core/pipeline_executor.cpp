@@ -175,7 +175,15 @@ struct pipeline_executor::impl {
 
   void worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm, bool apply) {
     compute_device& dev = *devs[d];
-    at::set_num_threads(dev.compute_threads());
+    dev.enter_compute_thread();
+    const c10::Device tdev = dev.torch_device();
+    // Micro-batches (token ids and labels, tiny) move to the device on first use.
+    std::map<int32_t, micro_batch> batch;
+    auto mb = [&](int32_t m) -> const micro_batch& {
+      auto it = batch.find(m);
+      if (it == batch.end()) it = batch.emplace(m, micro_batch{mbs[m].tokens.to(tdev), mbs[m].labels.to(tdev)}).first;
+      return it->second;
+    };
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
     auto& weights = on_device[d];
     std::map<std::pair<int32_t, int32_t>, graph_stash> stash;
@@ -208,12 +216,13 @@ struct pipeline_executor::impl {
       auto host_copy = std::make_shared<at::Tensor>();
       const size_t bytes = nbytes(t.get());
       compute_device* to = devs[peer];
-      dev.download().submit(bytes, [this, t, host_copy, bytes, to, kind, boundary, m, peer] {
-        *host_copy = t.get().clone();
+      compute_device* from = &dev;
+      dev.download().submit(bytes, [this, t, host_copy, bytes, from, to, kind, boundary, m, peer] {
+        *host_copy = from->copy_out(t.get());
         to->upload().submit(bytes, [this, host_copy, to, kind, boundary, m, peer] {
           try {
             auto mem = std::make_shared<arena_block>(to->arena(), nbytes(*host_copy));
-            auto on_device = async_tensor::ready(host_copy->clone(), mem);
+            auto on_device = async_tensor::ready(to->copy_in(*host_copy, false), mem);
             std::lock_guard lock(mu);
             mailbox[{kind, boundary, m, peer}] = on_device;
             cv.notify_all();
@@ -247,19 +256,21 @@ struct pipeline_executor::impl {
           if (st.has_embed) bytes += nbytes(w.embed);
           if (st.has_head) bytes += nbytes(w.final_norm) + (st.has_embed && w.cfg.tie_word_embeddings ? 0 : nbytes(w.lm_head));
           auto mem = std::make_shared<arena_block>(dev.arena(), bytes);
-          weights[s] = {dev.upload().submit(bytes, [this, sw, st] {
+          compute_device* devp = &dev;
+          weights[s] = {dev.weight_upload().submit(bytes, [this, sw, st, devp] {
+            auto in = [devp](const at::Tensor& t) { return devp->copy_in(t, true); };
             for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
               const auto& src = w.layers[l];
               layer_weights lw;
-              lw.input_norm = src.input_norm.clone();
-              lw.post_norm = src.post_norm.clone();
-              for (int i = 0; i < num_lora_targets; ++i) lw.proj[i] = src.proj[i].clone();
+              lw.input_norm = in(src.input_norm);
+              lw.post_norm = in(src.post_norm);
+              for (int i = 0; i < num_lora_targets; ++i) lw.proj[i] = in(src.proj[i]);
               sw->layers.push_back(std::move(lw));
             }
-            if (st.has_embed) sw->embed = w.embed.clone();
+            if (st.has_embed) sw->embed = in(w.embed);
             if (st.has_head) {
-              sw->final_norm = w.final_norm.clone();
-              sw->lm_head = st.has_embed && w.cfg.tie_word_embeddings ? sw->embed : w.lm_head.clone();
+              sw->final_norm = in(w.final_norm);
+              sw->lm_head = st.has_embed && w.cfg.tie_word_embeddings ? sw->embed : in(w.lm_head);
             }
           }), sw, mem};
           break;
@@ -275,12 +286,12 @@ struct pipeline_executor::impl {
             const auto& sw = stage_w(s);
             // The graph is kept only when this stage's backward uses it directly (no recompute).
             const bool keep_graph = backwarded.count(s) && !recomputed.count(s);
-            at::Tensor x = st.has_embed ? mbs[m].tokens : take('a', st.first_layer, m);
+            at::Tensor x = st.has_embed ? mb(m).tokens : take('a', st.first_layer, m);
             std::map<int32_t, at::Tensor> ckpt;
             double loss = 0;
             if (keep_graph) {
               if (!st.has_embed) x = x.detach().requires_grad_(true);
-              auto out = run_stage(sw, st, s, x, mbs[m], &ckpt, &loss);
+              auto out = run_stage(sw, st, s, x, mb(m), &ckpt, &loss);
               auto mem = std::make_shared<arena_block>(
                   dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, x.element_size()) *
                                                    std::max(1, st.last_layer - st.first_layer)));
@@ -288,7 +299,7 @@ struct pipeline_executor::impl {
               stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, mem};
             } else {
               torch::NoGradGuard ng;
-              auto out = run_stage(sw, st, s, x, mbs[m], &ckpt, &loss);
+              auto out = run_stage(sw, st, s, x, mb(m), &ckpt, &loss);
               if (!st.has_head) keep('a', st.last_layer, m, out);
             }
             for (auto& [b, t] : ckpt) keep('c', b, m, t);
@@ -304,7 +315,7 @@ struct pipeline_executor::impl {
             at::Tensor x = take('c', st.first_layer, m);
             if (!st.has_embed) x = x.detach().requires_grad_(true);
             double loss = 0;
-            auto out = run_stage(sw, st, s, x, mbs[m], nullptr, st.has_head ? &loss : nullptr);
+            auto out = run_stage(sw, st, s, x, mb(m), nullptr, st.has_head ? &loss : nullptr);
             auto mem = std::make_shared<arena_block>(
                 dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, w.embed.element_size()) *
                                                  std::max(1, st.last_layer - st.first_layer)));
@@ -356,7 +367,8 @@ struct pipeline_executor::impl {
           async_tensor src = it->second;
           local.erase(it);
           async_tensor dst;
-          dst.done = dev.download().submit(nbytes(src.get()), [src, v = dst.value] { *v = src.get().clone(); });
+          compute_device* devp = &dev;
+          dst.done = dev.download().submit(nbytes(src.get()), [src, devp, v = dst.value] { *v = devp->copy_out(src.get()); });
           std::lock_guard lock(mu);
           host[{st.first_layer, m}] = dst;
           cv.notify_all();
@@ -374,7 +386,8 @@ struct pipeline_executor::impl {
           src.get();  // (host copy finished)
           async_tensor dst;
           dst.mem = std::make_shared<arena_block>(dev.arena(), nbytes(*src.value));
-          dst.done = dev.upload().submit(nbytes(*src.value), [src, v = dst.value] { *v = src.get().clone(); });
+          compute_device* devp = &dev;
+          dst.done = dev.upload().submit(nbytes(*src.value), [src, devp, v = dst.value] { *v = devp->copy_in(src.get(), false); });
           local[{'c', st.first_layer, m}] = dst;
           break;
         }
@@ -404,7 +417,9 @@ pipeline_executor::pipeline_executor(const llama_weights& w, lora_adapters& lora
   d_ = std::make_unique<impl>(w, lora, prog_, std::move(devices), opt);
 }
 
-pipeline_executor::~pipeline_executor() = default;
+pipeline_executor::~pipeline_executor() {
+  for (auto* d : d_->devs) d->weight_upload().submit(0, [] {}).wait();  // uploads still reference this executor
+}
 
 result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
                                                      bool apply_optimizer) {
@@ -438,9 +453,10 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
       }
     });
   for (auto& t : threads) t.join();
-  // Let in-flight copies finish before their memory and tensors go away.
+  // Let in-flight activation copies finish before their memory and tensors go away. Weight uploads
+  // may continue: the cross-iteration prefetch overlaps whatever runs between steps, and the next
+  // step's PREFETCH finds the stage resident (waiting for the upload only if it is still running).
   for (auto* d : s.devs) {
-    d->upload().submit(0, [] {}).wait();
     d->download().submit(0, [] {}).wait();
     d->upload().submit(0, [] {}).wait();
   }
@@ -450,6 +466,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   s.mailbox.clear();
   s.host.clear();
   if (s.failed) {
+    for (auto* d : s.devs) d->weight_upload().submit(0, [] {}).wait();
     for (auto& m : s.on_device) m.clear();
     for (auto& p : s.lora.parameters())
       if (p.grad().defined()) p.mutable_grad().zero_();

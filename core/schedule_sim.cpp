@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace lorapipe {
@@ -43,7 +44,7 @@ struct engine {
 struct device_state {
   size_t pc = 0;
   double clock = 0, busy = 0;
-  engine h2d, d2h;
+  engine wh2d, h2d, d2h;  // weight upload, activation upload, download (as on the devices)
   std::vector<std::pair<double, double>> mem;  // (time, +/- bytes)
 };
 
@@ -97,6 +98,16 @@ sim_result simulate(const program& p, const sim_costs& c) {
                                     std::get<1>(k), std::get<2>(k), std::get<3>(k), std::get<4>(k)));
     }
 
+  std::vector<std::set<int32_t>> carried(D);  // stages resident from the previous iteration
+  if (c.steady_state)
+    for (int32_t d = 0; d < D; ++d) {
+      const auto& list = p.devices[d];
+      size_t last_compute = 0;
+      for (size_t i = 0; i < list.size(); ++i)
+        if (list[i].kind == op::forward || list[i].kind == op::recompute || list[i].kind == op::backward) last_compute = i;
+      for (size_t i = last_compute; i < list.size(); ++i)
+        if (list[i].kind == op::prefetch_weights) carried[d].insert(list[i].stage);
+    }
   std::vector<device_state> dev(D);
   std::map<key, double> ready;  // when an item becomes available
   int backward_done = 0;
@@ -202,8 +213,14 @@ sim_result simulate(const program& p, const sim_costs& c) {
             break;
           }
           case op::prefetch_weights: {
+            if (carried[d].count(s)) {  // resident from the previous iteration (first PW) ...
+              carried[d].erase(s);
+              ready[w] = ds.clock;
+              ds.mem.push_back({ds.clock, c.weight_bytes[s]});
+              break;
+            }
             const double up = transfer(c.weight_bytes[s], c.h2d_bytes_per_s, c.weight_bytes[s] > 0 ? c.copy_latency_s : 0);
-            double t = ds.h2d.reserve(ds.clock, up);
+            double t = ds.wh2d.reserve(ds.clock, up);
             double t1 = t + up;
             ready[w] = t1;
             ds.mem.push_back({t, c.weight_bytes[s]});
@@ -256,7 +273,7 @@ sim_result simulate(const program& p, const sim_costs& c) {
     }
   }
   r.ok = true;
-  for (const auto& ds : dev) r.makespan_s = std::max({r.makespan_s, ds.clock, ds.h2d.last(), ds.d2h.last()});
+  for (const auto& ds : dev) r.makespan_s = std::max({r.makespan_s, ds.clock, ds.h2d.last(), ds.d2h.last(), c.steady_state ? 0.0 : ds.wh2d.last()});
   double busy = 0;
   for (auto& ds : dev) {
     r.busy_s.push_back(ds.busy);

@@ -21,6 +21,9 @@ struct sim_costs {
   double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
   double d2h_bytes_per_s = 0;
   double copy_latency_s = 0;
+  // Steady state: a stage prefetched again after a device's last compute (cross-iteration prefetch)
+  // is already resident when the program starts, so its first PREFETCH costs nothing.
+  bool steady_state = false;
 };
 
 // Uniform costs: every stage's forward takes t_f, backward t_b, recompute t_f.

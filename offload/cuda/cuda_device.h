@@ -1,0 +1,18 @@
+// CUDA pipeline device: a compute stream plus separate weight-upload, activation-upload and download
+// streams (each driven by its own copy-engine thread), a capacity-limited arena sized from the GPU's
+// free memory (or offload.device_memory_mb), frozen host weights registered as pinned memory in place
+// (cudaHostRegister: exact size, no copy), and pinned staging for activations. A copy is ordered
+// after the compute that produced its source by an event recorded on the compute stream.
+#pragma once
+
+#include <memory>
+
+#include "core/result.h"
+#include "offload/device.h"
+
+namespace lorapipe {
+
+// index: position in the pipeline; gpu: CUDA device ordinal (several pipeline devices may share one).
+result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, const cpu_device_options& o);
+
+}  // namespace lorapipe
