@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -77,6 +78,12 @@ struct pipeline_executor::impl {
   const llama_weights& w;
   lora_adapters& lora;
   const program& prog;
+  pipeline_options po;
+  adamw_config opt_cfg;
+  // Async optimizer: master weights, their optimizer, and the step in flight.
+  std::vector<at::Tensor> master;
+  std::unique_ptr<adamw> master_opt;
+  std::future<double> pending;
   std::vector<compute_device*> devs;
   std::map<int32_t, std::unique_ptr<adamw>> optim;           // per stage that steps
   std::map<int32_t, std::vector<at::Tensor>> stage_params;   // LoRA parameters per stepping stage
@@ -105,8 +112,9 @@ struct pipeline_executor::impl {
   std::vector<instr_timing> trace;
   clock_type::time_point t0;
 
-  impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt)
-      : w(w_), lora(l), prog(p), devs(std::move(d)), on_device(devs.size()) {
+  impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt,
+       pipeline_options o)
+      : w(w_), lora(l), prog(p), po(o), opt_cfg(opt), devs(std::move(d)), on_device(devs.size()) {
     for (const auto& list : prog.devices)
       for (const auto& in : list) {
         if (in.kind == op::recompute) recomputed.insert(in.stage);
@@ -119,9 +127,11 @@ struct pipeline_executor::impl {
       for (const auto& in : list)
         if (in.kind == op::forward)
           for (int32_t x : recomputed) {
-            const int32_t b = prog.stages[x].first_layer;
-            if (b >= prog.stages[in.stage].first_layer && b < std::max(prog.stages[in.stage].last_layer, prog.stages[in.stage].first_layer + 1))
-              checkpoints[in.stage].insert(b);
+            const auto& sx = prog.stages[x];
+            const int32_t b_end = po.layer_recompute ? sx.last_layer : sx.first_layer + 1;
+            for (int32_t b = sx.first_layer; b < b_end; ++b)
+              if (b >= prog.stages[in.stage].first_layer && b < std::max(prog.stages[in.stage].last_layer, prog.stages[in.stage].first_layer + 1))
+                checkpoints[in.stage].insert(b);
           }
     for (const auto& list : prog.devices)
       for (const auto& in : list)
@@ -171,6 +181,15 @@ struct pipeline_executor::impl {
     auto loss = causal_lm_loss(head_logits(w.cfg, sw.final_norm, sw.lm_head, x), mb.labels);
     if (loss_out != nullptr) *loss_out = loss.item<double>();
     return loss / static_cast<double>(prog.micro_batches);
+  }
+
+  // Boundaries whose inputs a recomputed stage checkpoints: its first layer, or every layer.
+  std::vector<int32_t> ckpt_bounds(int32_t s) const {
+    const auto& st = prog.stages[s];
+    std::vector<int32_t> out{st.first_layer};
+    if (po.layer_recompute)
+      for (int32_t l = st.first_layer + 1; l < st.last_layer; ++l) out.push_back(l);
+    return out;
   }
 
   void worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm, bool apply) {
@@ -310,6 +329,7 @@ struct pipeline_executor::impl {
           });
           break;
         case op::recompute:
+          if (po.layer_recompute) break;  // BACKWARD recomputes one layer at a time
           timed(in, [&] {
             const auto& sw = stage_w(s);
             at::Tensor x = take('c', st.first_layer, m);
@@ -323,6 +343,38 @@ struct pipeline_executor::impl {
           });
           break;
         case op::backward:
+          if (po.layer_recompute && recomputed.count(s)) {
+            timed(in, [&] {
+              const auto& sw = stage_w(s);
+              const layer_context ctx{w.cfg, w.rope, &lora, true};
+              at::Tensor grad = st.has_head ? at::Tensor() : take('g', st.last_layer, m);
+              at::Tensor grad_in;
+              for (int32_t l = st.last_layer - 1; l >= st.first_layer; --l) {
+                at::Tensor x = take('c', l, m), leaf;
+                if (l == 0) {
+                  torch::NoGradGuard ng;
+                  x = torch::embedding(sw.embed, x);  // checkpoint 0 holds token ids; the embedding is frozen
+                } else {
+                  leaf = x.detach().requires_grad_(true);
+                  x = leaf;
+                }
+                arena_block mem(dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, w.embed.element_size())));
+                auto out = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
+                if (st.has_head && l == st.last_layer - 1) {
+                  auto loss = causal_lm_loss(head_logits(w.cfg, sw.final_norm, sw.lm_head, out), mb(m).labels);
+                  (loss / static_cast<double>(prog.micro_batches)).backward();
+                } else {
+                  out.backward(grad);
+                }
+                if (leaf.defined()) grad = leaf.grad();
+              }
+              if (!st.has_embed) keep('g', st.first_layer, m, grad);
+              std::lock_guard lock(mu);
+              --backward_left;
+              cv.notify_all();
+            });
+            break;
+          }
           timed(in, [&] {
             stage_w(s);
             auto it = stash.find({s, m});
@@ -361,39 +413,42 @@ struct pipeline_executor::impl {
         case op::recv_grad:
           recv('G', st.last_layer, m);
           break;
-        case op::offload_act: {
-          auto it = local.find({'c', st.first_layer, m});
-          if (it == local.end()) throw lorapipe_error(fmt::format("{}: no checkpoint for {}", dev.name(), instr_to_text(in)));
-          async_tensor src = it->second;
-          local.erase(it);
-          async_tensor dst;
-          compute_device* devp = &dev;
-          dst.done = dev.download().submit(nbytes(src.get()), [src, devp, v = dst.value] { *v = devp->copy_out(src.get()); });
-          std::lock_guard lock(mu);
-          host[{st.first_layer, m}] = dst;
-          cv.notify_all();
-          break;
-        }
-        case op::reload_act: {
-          async_tensor src;
-          {
-            std::unique_lock lock(mu);
-            const auto key = std::make_pair(st.first_layer, m);
-            wait(lock, [&] { return host.count(key) > 0; });
-            src = host[key];
-            host.erase(key);
+        case op::offload_act:
+          for (int32_t b : ckpt_bounds(s)) {
+            auto it = local.find({'c', b, m});
+            if (it == local.end()) throw lorapipe_error(fmt::format("{}: no checkpoint at layer {} for {}", dev.name(), b, instr_to_text(in)));
+            async_tensor src = it->second;
+            local.erase(it);
+            async_tensor dst;
+            compute_device* devp = &dev;
+            dst.done = dev.download().submit(nbytes(src.get()), [src, devp, v = dst.value] { *v = devp->copy_out(src.get()); });
+            std::lock_guard lock(mu);
+            host[{b, m}] = dst;
+            cv.notify_all();
           }
-          src.get();  // (host copy finished)
-          async_tensor dst;
-          dst.mem = std::make_shared<arena_block>(dev.arena(), nbytes(*src.value));
-          compute_device* devp = &dev;
-          dst.done = dev.upload().submit(nbytes(*src.value), [src, devp, v = dst.value] { *v = devp->copy_in(src.get(), false); });
-          local[{'c', st.first_layer, m}] = dst;
           break;
-        }
+        case op::reload_act:
+          for (int32_t b : ckpt_bounds(s)) {
+            async_tensor src;
+            {
+              std::unique_lock lock(mu);
+              const auto key = std::make_pair(b, m);
+              wait(lock, [&] { return host.count(key) > 0; });
+              src = host[key];
+              host.erase(key);
+            }
+            src.get();  // (host copy finished)
+            async_tensor dst;
+            dst.mem = std::make_shared<arena_block>(dev.arena(), nbytes(*src.value));
+            compute_device* devp = &dev;
+            dst.done = dev.upload().submit(nbytes(*src.value), [src, devp, v = dst.value] { *v = devp->copy_in(src.get(), false); });
+            local[{'c', b, m}] = dst;
+          }
+          break;
         case op::optimizer_step: {
           std::unique_lock lock(mu);
           wait(lock, [&] { return backward_left == 0; });
+          if (po.async_optimizer) break;  // stepped on master weights after the iteration (one step stale)
           if (!norm_done) {  // global clip over every stage's LoRA gradients, once
             grad_norm = clip_grad_norm(lora.parameters(), apply ? max_norm : 0.0);
             norm_done = true;
@@ -412,12 +467,22 @@ struct pipeline_executor::impl {
 };
 
 pipeline_executor::pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog,
-                                     std::vector<compute_device*> devices, adamw_config opt)
+                                     std::vector<compute_device*> devices, adamw_config opt, pipeline_options po)
     : prog_(std::move(prog)) {
-  d_ = std::make_unique<impl>(w, lora, prog_, std::move(devices), opt);
+  d_ = std::make_unique<impl>(w, lora, prog_, std::move(devices), opt, po);
+}
+
+void pipeline_executor::flush() {
+  auto& s = *d_;
+  if (!s.pending.valid()) return;
+  s.pending.get();
+  torch::NoGradGuard ng;
+  auto params = s.lora.parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.master[i]);
 }
 
 pipeline_executor::~pipeline_executor() {
+  if (d_->pending.valid()) d_->pending.wait();
   for (auto* d : d_->devs) d->weight_upload().submit(0, [] {}).wait();  // uploads still reference this executor
 }
 
@@ -474,6 +539,31 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   }
   r.loss = s.loss_sum / prog_.micro_batches;
   r.grad_norm = s.grad_norm;
+  if (s.po.async_optimizer && apply_optimizer) {
+    // Install the previous step's result (weights for the next iteration: one step stale), then
+    // hand this iteration's gradients to a background AdamW step on the master weights.
+    auto params = s.lora.parameters();
+    torch::NoGradGuard ng;
+    if (s.master.empty()) {
+      for (const auto& p : params) s.master.push_back(p.detach().clone());
+      s.master_opt = std::make_unique<adamw>(s.master, s.opt_cfg);
+    }
+    r.grad_norm = 0;  // the norm of the previous iteration's gradients (known once its step is done)
+    if (s.pending.valid()) {
+      r.grad_norm = s.pending.get();
+      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.master[i]);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      s.master[i].mutable_grad() = params[i].grad().clone();
+      params[i].mutable_grad().zero_();
+    }
+    s.pending = std::async(std::launch::async, [&s, lr, max_grad_norm] {
+      at::set_num_threads(1);
+      const double norm = clip_grad_norm(s.master, max_grad_norm);
+      s.master_opt->step(lr);
+      return norm;
+    });
+  }
   for (auto* d : s.devs) r.peak_bytes.push_back(d->arena().peak());
   r.trace = s.trace;
   return r;

@@ -45,10 +45,20 @@ struct pipeline_step_result {
 // the simulator).
 double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, size_t elem_bytes);
 
+struct pipeline_options {
+  // Recompute granularity: false = a stage at a time (RECOMPUTE rebuilds the whole stage's graph);
+  // true = a layer at a time (every layer input is checkpointed/offloaded; BACKWARD recomputes and
+  // back-propagates one layer after another: less memory, more host<->device traffic).
+  bool layer_recompute = false;
+  // One-step-stale asynchronous optimizer (opt-in): the AdamW step of iteration i runs on a master
+  // copy of the LoRA weights while iteration i+1 computes with the weights from before step i.
+  bool async_optimizer = false;
+};
+
 class pipeline_executor {
  public:
   pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog, std::vector<compute_device*> devices,
-                    adamw_config opt);
+                    adamw_config opt, pipeline_options po = {});
   ~pipeline_executor();
   pipeline_executor(const pipeline_executor&) = delete;
   pipeline_executor& operator=(const pipeline_executor&) = delete;
@@ -59,6 +69,9 @@ class pipeline_executor {
   result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
                                     bool apply_optimizer = true);
   const program& prog() const { return prog_; }
+  // Async optimizer: waits for the pending step and installs its result in the LoRA weights (call
+  // before saving or evaluating). No-op otherwise.
+  void flush();
 
  private:
   struct impl;

@@ -164,6 +164,9 @@ status validate_project(const project_config& c) {
   need(!pipelined || c.run.grad_accum == 1, "run.grad_accum", "must be 1 with a pipeline schedule (use parallel.micro_batches)");
   need(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be at least 1");
   need(c.parallel.threads_per_device >= 1 && c.parallel.threads_per_device <= 256, "parallel.threads_per_device", "must be in 1..256");
+  need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
+       "must be stage or layer");
+  need(!c.parallel.async_optimizer || pipelined, "parallel.async_optimizer", "needs a pipeline schedule");
   need(c.offload.device_memory_mb >= 0, "offload.device_memory_mb", "must be non-negative");
   need(c.offload.copy_gbps >= 0, "offload.copy_gbps", "must be non-negative");
   need(c.run.steps >= 0, "run.steps", "must be non-negative");

@@ -54,11 +54,13 @@ struct project_config {
     int64_t micro_batches = 4;
     int64_t virtual_stages = 2;
     int64_t threads_per_device = 1;
+    bool async_optimizer = false;
   } parallel;
   struct {
     bool stream_weights = true;
     bool activations = true;
     bool recompute = true;
+    std::string recompute_granularity = "stage";
     double device_memory_mb = 0;
     double copy_gbps = 0;
   } offload;
@@ -111,9 +113,11 @@ void visit_fields(C& c, F&& f) {
   f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size).");
   f("parallel.virtual_stages", c.parallel.virtual_stages, "Interleaved 1F1B: stages per device.");
   f("parallel.threads_per_device", c.parallel.threads_per_device, "Compute threads of each CPU virtual device.");
+  f("parallel.async_optimizer", c.parallel.async_optimizer, "Pipelines: one-step-stale asynchronous AdamW (opt-in; changes the optimisation).");
   f("offload.stream_weights", c.offload.stream_weights, "Pipelines: upload frozen weights per stage and free them after use (else keep them resident).");
   f("offload.activations", c.offload.activations, "Pipelines: move stage-boundary checkpoints to host memory between forward and backward.");
   f("offload.recompute", c.offload.recompute, "Pipelines: recompute each stage before its backward (bound schedules; round-robin always does).");
+  f("offload.recompute_granularity", c.offload.recompute_granularity, "stage (recompute a whole stage, then its backward) or layer (one layer at a time: less memory, more traffic).");
   f("offload.device_memory_mb", c.offload.device_memory_mb, "Memory capacity of each CPU virtual device in MiB (0 = unlimited).");
   f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
   f("run.seed", c.run.seed, "Seed for LoRA init, data order and dropout.");

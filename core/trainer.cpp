@@ -153,9 +153,15 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
                            fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {}; transport host-staged)",
                                        prog->schedule, cfg.parallel.devices, prog->stages.size(), prog->micro_batches,
                                        so.stream_weights ? "streamed" : "resident", so.offload_activations ? "offloaded" : "on device")});
+    pipeline_options po;
+    po.layer_recompute = cfg.offload.recompute_granularity == "layer";
+    po.async_optimizer = cfg.parallel.async_optimizer;
+    if (po.async_optimizer)
+      obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
     pipe = std::make_unique<pipeline_executor>(w, lora, std::move(*prog), raw,
                                                adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2,
-                                                            cfg.optimizer.eps, cfg.optimizer.weight_decay});
+                                                            cfg.optimizer.eps, cfg.optimizer.weight_decay},
+                                               po);
   }
 
   epoch_sampler sampler(data.train.size(), static_cast<uint64_t>(cfg.run.seed));
@@ -206,6 +212,7 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
       obs.on_event(eval_event{step + 1, evaluate(w, lora, data.val, cfg.run.batch_size, cfg.run.eval_batches),
                               0});
   }
+  if (pipe) pipe->flush();  // async optimizer: the last step's update lands in the adapter
   sum.steps = step;
   sum.mean_tokens_per_s = busy_s > 0 ? static_cast<double>(tokens_per_step * step) / busy_s : 0;
   if (has_val) {
