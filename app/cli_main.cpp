@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -16,7 +17,10 @@
 #include "core/generate.h"
 #include "core/llama_model.h"
 #include "core/lora.h"
+#include "core/pipeline_executor.h"
 #include "core/project.h"
+#include "core/schedule.h"
+#include "core/schedule_sim.h"
 #include "core/safetensors.h"
 #include "core/tensor_io.h"
 #include "core/tokenizer.h"
@@ -140,6 +144,77 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
   return 0;
 }
 
+// The plan: the schedule program for the project, checked and simulated with cost estimates from
+// the model's shapes (FLOPs at an assumed throughput, exact weight and activation bytes).
+int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid) {
+  auto p = load_project(path);
+  if (!p) return fail(p.message());
+  auto st = validate_project(*p);
+  if (!st) return fail(fmt::format("{} is not valid:\n{}", path, st.message()));
+  const auto& cfg = *p;
+  const fs::path model = cfg.resolve(cfg.model.path);
+  llama_config mc;
+  if (fs::is_directory(model)) {
+    auto c = load_llama_config(model / "config.json");
+    if (!c) return fail(c.message());
+    mc = *c;
+  } else {
+    auto w = load_llama(model, {at::kFloat});
+    if (!w) return fail(w.message());
+    mc = w->cfg;
+  }
+  const bool pipelined = cfg.parallel.schedule != "single";
+  schedule_options so;
+  so.devices = pipelined ? static_cast<int32_t>(device_count(cfg.parallel.devices)) : 1;
+  so.micro_batches = pipelined ? static_cast<int32_t>(cfg.parallel.micro_batches) : 1;
+  so.virtual_stages = static_cast<int32_t>(cfg.parallel.virtual_stages);
+  so.recompute = cfg.offload.recompute;
+  so.offload_activations = cfg.offload.activations && cfg.offload.recompute;
+  so.stream_weights = cfg.offload.stream_weights;
+  auto prog = make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers), so);
+  if (!prog) return fail(prog.message());
+  const size_t elem = cfg.model.dtype == "float32" ? 4 : 2;
+  const int64_t tokens = cfg.run.batch_size / so.micro_batches * cfg.data.seq_len;
+  const double layer_params = static_cast<double>(mc.hidden_size) * mc.head_dim * (2 * mc.num_heads + 2 * mc.num_kv_heads) +
+                              3.0 * mc.hidden_size * mc.intermediate_size;
+  const double attn_flops = 4.0 * cfg.data.seq_len * mc.num_heads * mc.head_dim * tokens;
+  const double f_layer = (2.0 * layer_params * tokens + attn_flops) / (gflops * 1e9);
+  sim_costs c;
+  for (const auto& s : prog->stages) {
+    const int32_t n = s.last_layer - s.first_layer;
+    double fwd = n * f_layer, bytes = n * (layer_params + 2.0 * mc.hidden_size) * elem;
+    if (s.has_embed) bytes += static_cast<double>(mc.vocab_size) * mc.hidden_size * elem;
+    if (s.has_head) {
+      fwd += 2.0 * mc.vocab_size * mc.hidden_size * tokens / (gflops * 1e9);
+      bytes += static_cast<double>(mc.vocab_size) * mc.hidden_size * elem;
+    }
+    c.forward_s.push_back(fwd);
+    c.backward_s.push_back(2 * fwd);
+    c.recompute_s.push_back(fwd);
+    c.weight_bytes.push_back(bytes);
+  }
+  c.act_bytes = static_cast<double>(tokens) * mc.hidden_size * elem;
+  c.stash_bytes_per_layer = stash_bytes_per_layer(mc, tokens, elem);
+  c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
+  c.steady_state = true;
+  auto r = simulate(*prog, c);
+  if (!r.ok) return fail(fmt::format("the generated program is invalid: {}\n{}", r.error, r.grid));
+  if (as_json) {
+    nlohmann::json j = {{"schedule", prog->schedule}, {"devices", prog->num_devices()}, {"micro_batches", prog->micro_batches},
+                        {"stages", prog->stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
+                        {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(*prog)}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog->schedule,
+                           prog->num_devices(), prog->stages.size(), prog->micro_batches, tokens);
+  std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
+  for (size_t d = 0; d < r.peak_bytes.size(); ++d)
+    std::cout << fmt::format("  device {}: peak memory {:.1f} MiB, busy {:.3f} s\n", d, r.peak_bytes[d] / 1048576.0, r.busy_s[d]);
+  if (show_grid) std::cout << r.grid;
+  return 0;
+}
+
 int cmd_validate(const std::string& path) {
   auto p = load_project(path);
   if (!p) return fail(p.message());
@@ -205,6 +280,15 @@ int main(int argc, char** argv) {
   init->add_flag("--force", init_force, "Overwrite an existing file");
   init->add_flag("--fields", init_fields, "Print the documented field table (Markdown) instead");
 
+  std::string plan_path;
+  double plan_gflops = 100;
+  bool plan_json = false, plan_grid = false;
+  auto* plan = app.add_subcommand("plan", "Show the pipeline program, its simulated step time, bubbles and memory");
+  plan->add_option("project", plan_path, "Project file")->required();
+  plan->add_option("--gflops", plan_gflops, "Assumed compute throughput per device (GFLOP/s)")->check(CLI::PositiveNumber);
+  plan->add_flag("--json", plan_json, "Machine-readable output");
+  plan->add_flag("--grid", plan_grid, "Print the device-by-time grid of the program");
+
   std::string val_path;
   auto* val = app.add_subcommand("validate", "Check a project file and report every problem");
   val->add_option("project", val_path, "Project file")->required();
@@ -221,6 +305,7 @@ int main(int argc, char** argv) {
     }
     if (*init) return cmd_init(init_path, init_model, init_data, init_force);
     if (*val) return cmd_validate(val_path);
+    if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid);
   } catch (const lorapipe_error& e) {
     return fail(e.what());
   } catch (const c10::Error& e) {

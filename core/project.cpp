@@ -1,6 +1,7 @@
 // Project file parsing, validation and serialisation: see project.h.
 #include "core/project.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -147,12 +148,8 @@ status validate_project(const project_config& c) {
   need(c.optimizer.warmup_steps >= 0, "optimizer.warmup_steps", "must be non-negative");
   need(c.optimizer.min_lr_ratio >= 0 && c.optimizer.min_lr_ratio <= 1, "optimizer.min_lr_ratio", "must be in [0, 1]");
   need(c.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be non-negative");
-  int64_t n_dev = 0;
-  if (c.parallel.devices == "cpu") n_dev = 1;
-  else if (c.parallel.devices.rfind("cpu:", 0) == 0 && c.parallel.devices.size() > 4 &&
-           c.parallel.devices.find_first_not_of("0123456789", 4) == std::string::npos && c.parallel.devices.size() < 7)
-    n_dev = std::stoll(c.parallel.devices.substr(4));
-  need(n_dev >= 1 && n_dev <= 64, "parallel.devices", "must be cpu or cpu:N with N in 1..64 (CUDA pipelines are not in this build)");
+  const int64_t n_dev = device_count(c.parallel.devices);
+  need(n_dev >= 1 && n_dev <= 64, "parallel.devices", "must be cpu, cpu:N (N in 1..64) or cuda:I,J,...");
   const bool pipelined = c.parallel.schedule != "single";
   need(c.parallel.schedule == "single" || c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" ||
            c.parallel.schedule == "interleaved" || c.parallel.schedule == "round-robin",
@@ -179,6 +176,16 @@ status validate_project(const project_config& c) {
   need(c.run.sample_tokens >= 0, "run.sample_tokens", "must be non-negative");
   if (!p.empty()) return error{fmt::format("{}", fmt::join(p, "\n"))};
   return ok_status();
+}
+
+int64_t device_count(const std::string& spec) {
+  if (spec == "cpu") return 1;
+  if (spec.rfind("cpu:", 0) == 0 && spec.size() > 4 && spec.size() < 7 && spec.find_first_not_of("0123456789", 4) == std::string::npos)
+    return std::stoll(spec.substr(4));
+  if (spec.rfind("cuda:", 0) == 0 && spec.size() > 5 && spec.find_first_not_of("0123456789,", 5) == std::string::npos &&
+      spec.back() != ',' && spec[5] != ',' && spec.find(",,") == std::string::npos)
+    return 1 + std::count(spec.begin(), spec.end(), ',');
+  return 0;
 }
 
 std::string project_to_json(const project_config& c) {

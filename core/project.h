@@ -108,7 +108,7 @@ void visit_fields(C& c, F&& f) {
   f("optimizer.warmup_steps", c.optimizer.warmup_steps, "Linear warmup steps.");
   f("optimizer.min_lr_ratio", c.optimizer.min_lr_ratio, "Cosine decay floor as a fraction of the peak LR.");
   f("optimizer.grad_clip", c.optimizer.grad_clip, "Clip the global gradient norm to this value (0 = off).");
-  f("parallel.devices", c.parallel.devices, "Devices: cpu (one) or cpu:N (N CPU virtual devices).");
+  f("parallel.devices", c.parallel.devices, "Devices: cpu (one), cpu:N (N CPU virtual devices) or cuda:I,J,... (GPUs; CUDA builds).");
   f("parallel.schedule", c.parallel.schedule, "single (no pipeline), gpipe, 1f1b, interleaved or round-robin.");
   f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size).");
   f("parallel.virtual_stages", c.parallel.virtual_stages, "Interleaved 1F1B: stages per device.");
@@ -139,6 +139,8 @@ result<project_config> load_project(const std::filesystem::path& project_file);
 // Semantic checks that need the file system (paths exist, values in range); all problems at once.
 status validate_project(const project_config& c);
 std::string project_to_json(const project_config& c);
+// Number of devices in a parallel.devices spec ("cpu", "cpu:N", "cuda:I,J,..."); 0 when malformed.
+int64_t device_count(const std::string& spec);
 // Markdown table of all fields with defaults and documentation.
 std::string project_field_table();
 

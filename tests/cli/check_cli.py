@@ -111,6 +111,20 @@ def main():
         rc, out, err = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--adapter", os.path.join(out_dir, "adapter"),
                            "--prompt", "Once upon a time", "--max-new-tokens", "20")
         check("generate with the trained adapter", rc == 0 and len(out.strip()) > 0 and out.rstrip("\n") != golden[: len(out.rstrip())], err)
+        # plan: the schedule program for a pipeline project, simulated.
+        pp = json.load(open(os.path.join(t, "p.json")))
+        pp["parallel"] = {"devices": "cpu:3", "schedule": "1f1b", "micro_batches": 4}
+        json.dump(pp, open(os.path.join(t, "pp.json"), "w"))
+        rc, plan_out, err = run(cli, "plan", os.path.join(t, "pp.json"), "--json")
+        plan = json.loads(plan_out) if rc == 0 else {}
+        check("plan --json", rc == 0 and plan["devices"] == 3 and plan["stages"] == 3 and 0 < plan["bubble_ratio"] < 1
+              and len(plan["peak_bytes"]) == 3 and "0F0" in plan["program"], err)
+        pp["parallel"]["schedule"] = "zigzag"
+        json.dump(pp, open(os.path.join(t, "pp.json"), "w"))
+        expect_clean_error(cli, "multi: unknown schedule", ["plan", os.path.join(t, "pp.json")], "parallel.schedule")
+        rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "4", "--output", os.path.join(t, "run2"),
+                         "--devices", "cpu:2", "--schedule", "round-robin", "--threads", "2")
+        check("train --devices cpu:2 --schedule round-robin", rc == 0 and "pipeline: round-robin on cpu:2" in err, err[-400:])
         merged = os.path.join(t, "merged")
         rc, _, err = run(cli, "export", "--model", os.path.join(stories, "hf"), "--adapter", os.path.join(out_dir, "adapter"), "--output", merged)
         rc2, out2, _ = run(cli, "generate", "--model", merged, "--prompt", "Once upon a time", "--max-new-tokens", "20")
