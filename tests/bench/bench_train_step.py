@@ -25,33 +25,15 @@ CONFIG = {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12
           "num_key_value_heads": 12, "vocab_size": 32000, "tie_word_embeddings": True}
 
 
-def torch_step_rate(model_dir, batch, seq, rank, steps, warmup, sdpa):
-    m = OracleLlama(model_dir)
-    if sdpa:
-        F = torch.nn.functional
+class SdpaOracle(OracleLlama):
+    """The oracle with torch's fused attention kernel instead of the written-out softmax(QKᵀ)V."""
 
-        def attention_logits(tokens, lora=None, self=m):
-            B, T = tokens.shape
-            x = self.w["model.embed_tokens.weight"][tokens]
-            cos, sin = self.rope(T)
-            for l in range(self.L):
-                p = f"model.layers.{l}."
-                h = self.rms(x, self.w[p + "input_layernorm.weight"])
-                q = self.linear(h, l, "self_attn.q_proj", lora).view(B, T, self.nh, self.hd).transpose(1, 2)
-                k = self.linear(h, l, "self_attn.k_proj", lora).view(B, T, self.nkv, self.hd).transpose(1, 2)
-                v = self.linear(h, l, "self_attn.v_proj", lora).view(B, T, self.nkv, self.hd).transpose(1, 2)
-                q = q * cos + self.rot(q) * sin
-                k = k * cos + self.rot(k) * sin
-                k = k.repeat_interleave(self.nh // self.nkv, 1)
-                v = v.repeat_interleave(self.nh // self.nkv, 1)
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
-                x = x + self.linear(o, l, "self_attn.o_proj", lora)
-                h = self.rms(x, self.w[p + "post_attention_layernorm.weight"])
-                x = x + self.linear(F.silu(self.linear(h, l, "mlp.gate_proj", lora)) * self.linear(h, l, "mlp.up_proj", lora),
-                                    l, "mlp.down_proj", lora)
-            x = self.rms(x, self.w["model.norm.weight"])
-            return x @ self.w["model.embed_tokens.weight"].t()
-        m.logits = attention_logits
+    def attend(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def torch_step_rate(model_dir, batch, seq, rank, steps, warmup, sdpa):
+    m = (SdpaOracle if sdpa else OracleLlama)(model_dir)
     g = torch.Generator().manual_seed(1)
     pairs = {}
     for l in range(m.L):

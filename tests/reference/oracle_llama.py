@@ -54,6 +54,11 @@ class OracleLlama:
         h = x.shape[-1] // 2
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
+    def attend(self, q, k, v, mask):
+        """Causal attention written out: softmax(QKᵀ/√d + mask)·V."""
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + mask
+        return torch.softmax(att.float(), dim=-1).to(q.dtype) @ v
+
     def linear(self, x, layer, module, lora):
         y = x @ self.w[f"model.layers.{layer}.{module}.weight"].t()
         if lora is not None and (layer, module) in lora["pairs"]:
@@ -78,9 +83,7 @@ class OracleLlama:
             rep = self.nh // self.nkv
             k = k[:, :, None].expand(B, self.nkv, rep, T, self.hd).reshape(B, self.nh, T, self.hd)
             v = v[:, :, None].expand(B, self.nkv, rep, T, self.hd).reshape(B, self.nh, T, self.hd)
-            att = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + mask
-            att = torch.softmax(att.float(), dim=-1).to(q.dtype)
-            o = (att @ v).transpose(1, 2).reshape(B, T, self.nh * self.hd)
+            o = self.attend(q, k, v, mask).transpose(1, 2).reshape(B, T, self.nh * self.hd)
             x = x + self.linear(o, l, "self_attn.o_proj", lora)
             h = self.rms(x, self.w[p + "post_attention_layernorm.weight"])
             g = self.linear(h, l, "mlp.gate_proj", lora)
