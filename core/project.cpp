@@ -140,6 +140,9 @@ status validate_project(const project_config& c) {
     need(lora_target_from_name(t).has_value(), "lora.targets", fmt::format("unknown projection '{}'", t));
     need(seen.insert(t).second, "lora.targets", fmt::format("'{}' listed twice", t));
   }
+  if (!c.lora.init_adapter.empty())
+    need(fs::is_regular_file(c.resolve(c.lora.init_adapter) / "adapter_config.json", ec), "lora.init_adapter",
+         fmt::format("{} has no adapter_config.json", c.resolve(c.lora.init_adapter).string()));
   need(c.optimizer.lr > 0, "optimizer.lr", "must be positive");
   need(c.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be non-negative");
   need(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1, "optimizer.beta1", "must be in [0, 1)");

@@ -37,6 +37,7 @@ struct project_config {
     double alpha = 16;
     double dropout = 0.0;
     std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+    std::string init_adapter;  // continue from a saved PEFT adapter
   } lora;
   struct {
     double lr = 2e-3;
@@ -100,6 +101,7 @@ void visit_fields(C& c, F&& f) {
   f("lora.alpha", c.lora.alpha, "LoRA alpha; the update is scaled by alpha/r.");
   f("lora.dropout", c.lora.dropout, "Dropout on the LoRA input during training.");
   f("lora.targets", c.lora.targets, "Adapted projections: any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.");
+  f("lora.init_adapter", c.lora.init_adapter, "Start from this PEFT adapter folder (its r, alpha and targets are used); empty = fresh LoRA.");
   f("optimizer.lr", c.optimizer.lr, "Peak learning rate (AdamW).");
   f("optimizer.weight_decay", c.optimizer.weight_decay, "Decoupled weight decay on LoRA parameters.");
   f("optimizer.beta1", c.optimizer.beta1, "AdamW beta1.");

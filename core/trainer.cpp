@@ -107,6 +107,14 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
   for (const auto& t : cfg.lora.targets) lc.targets.push_back(*lora_target_from_name(t));
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
   auto lora = init_lora(w, lc, static_cast<uint64_t>(cfg.run.seed));
+  if (!cfg.lora.init_adapter.empty()) {  // continue a previous fine-tune
+    auto loaded = load_peft_adapter(cfg.resolve(cfg.lora.init_adapter), w);
+    if (!loaded) return make_error("lora.init_adapter: {}", loaded.message());
+    lora = std::move(*loaded);
+    lora.cfg.dropout = cfg.lora.dropout;
+    obs.on_event(log_event{log_event::level::info, fmt::format("continuing from adapter {} (r={}, alpha={})",
+                                                               cfg.resolve(cfg.lora.init_adapter).string(), lora.cfg.r, lora.cfg.alpha)});
+  }
   lora.base_model = model_path.string();
   auto params = lora.parameters();
   adamw opt(params, {cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,

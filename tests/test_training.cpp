@@ -102,6 +102,30 @@ TEST(Training, SameSeedSameResultOtherSeedDifferent) {
   EXPECT_FALSE(torch::equal(a[0], x[0]));
 }
 
+TEST(Training, ContinuesFromASavedAdapter) {
+  auto first = shakespeare("cont1", 30);
+  first.run.sample_tokens = 0;
+  recorder r1;
+  auto s1 = run_training(first, r1);
+  ASSERT_TRUE(s1.ok()) << s1.message();
+  auto second = shakespeare("cont2", 10);
+  second.run.sample_tokens = 0;
+  second.lora.init_adapter = (fs::path(first.run.output_dir) / "adapter").string();
+  recorder r2;
+  auto s2 = run_training(second, r2);
+  ASSERT_TRUE(s2.ok()) << s2.message();
+  // The continued run starts where the first ended (same validation loss), not from scratch.
+  std::printf("first run: %.4f -> %.4f; continued run starts at %.4f\n", s1->first_val_loss, s1->final_val_loss, s2->first_val_loss);
+  EXPECT_NEAR(s2->first_val_loss, s1->final_val_loss, 1e-6);
+  EXPECT_LT(s2->first_val_loss, s1->first_val_loss - 0.5);
+  auto bad = shakespeare("cont3", 1);
+  bad.lora.init_adapter = "/nonexistent";
+  recorder r3;
+  auto s3 = run_training(bad, r3);
+  ASSERT_FALSE(s3.ok());
+  EXPECT_NE(s3.message().find("lora.init_adapter"), std::string::npos);
+}
+
 TEST(Training, RejectsBadProjectWithFieldNames) {
   auto c = shakespeare("bad", 1);
   c.lora.r = 0;
