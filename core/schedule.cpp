@@ -37,7 +37,6 @@ struct builder {
       if (p.stages[i].last_layer == layer && !p.stages[i].has_head) return static_cast<int32_t>(i);
     return -1;
   }
-  bool recomputes(int32_t) const { return o.recompute; }
   void forward_unit(int32_t s, int32_t m) {
     const int32_t d = device_of[s];
     const auto& st = p.stages[s];
@@ -47,7 +46,7 @@ struct builder {
       if (prev >= 0 && device_of[prev] != d) emit(d, op::recv_act, s, m, device_of[prev]);
     }
     emit(d, op::forward, s, m);
-    if (recomputes(s) && o.offload_activations) emit(d, op::offload_act, s, m);
+    if (o.recompute && o.offload_activations) emit(d, op::offload_act, s, m);
     if (!st.has_head) {
       int32_t next = stage_starting_at(st.last_layer);
       if (next >= 0 && device_of[next] != d) emit(d, op::send_act, s, m, device_of[next]);
@@ -60,7 +59,7 @@ struct builder {
       int32_t next = stage_starting_at(st.last_layer);
       if (next >= 0 && device_of[next] != d) emit(d, op::recv_grad, s, m, device_of[next]);
     }
-    if (recomputes(s)) {
+    if (o.recompute) {
       if (o.offload_activations) emit(d, op::reload_act, s, m);
       emit(d, op::recompute, s, m);
     }

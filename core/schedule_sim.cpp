@@ -2,8 +2,6 @@
 #include "core/schedule_sim.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
@@ -172,7 +170,6 @@ sim_result simulate(const program& p, const sim_costs& c) {
           case op::backward: {
             std::vector<key> needs{w, {'s', s, m, d}};
             if (!st.has_head) needs.push_back({'g', st.last_layer, m, d});
-            double t0 = ds.clock;
             if (!(done = compute(c.backward_s[s], needs))) break;
             ds.mem.push_back({ds.clock, -layers(s) * c.stash_bytes_per_layer});
             if (!st.has_head) ds.mem.push_back({ds.clock, -act});
@@ -180,7 +177,6 @@ sim_result simulate(const program& p, const sim_costs& c) {
               ready[{'g', st.first_layer, m, d}] = ds.clock;
               ds.mem.push_back({ds.clock, act});
             }
-            (void)t0;
             ++backward_done;
             last_backward_end = std::max(last_backward_end, ds.clock);
             break;
@@ -257,7 +253,6 @@ sim_result simulate(const program& p, const sim_costs& c) {
             break;
         }
         if (!done) break;
-        if (std::getenv("LORAPIPE_SIM_TRACE")) std::fprintf(stderr, "d%d %s clock %.3f\n", d, instr_to_text(in).c_str(), ds.clock);
         ++ds.pc;
         --remaining;
         progress = true;
