@@ -11,13 +11,16 @@
 
 namespace lorapipe {
 
-// Windows of seq_len+1 tokens over one token stream: inputs = w[0..T), labels = w[1..T].
+// Windows of seq_len+1 tokens over one token stream: inputs = w[0..T), labels = w[1..T]. With a
+// loss mask (one byte per token, 1 = trained on), label t is -100 where mask[t+1] == 0.
 struct token_windows {
   int64_t seq_len = 0;
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;  // empty: every token is a target
   std::vector<int64_t> starts;
   int64_t size() const { return static_cast<int64_t>(starts.size()); }
   const int32_t* window(int64_t i) const { return tokens.data() + starts[i]; }
+  const uint8_t* window_mask(int64_t i) const { return mask.empty() ? nullptr : mask.data() + starts[i]; }
 };
 
 struct text_dataset_options {

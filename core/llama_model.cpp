@@ -129,4 +129,10 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
                           F::CrossEntropyFuncOptions().ignore_index(-100));
 }
 
+at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  const int64_t V = logits.size(-1);
+  return F::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat), labels.reshape({-1}),
+                          F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+}
+
 }  // namespace lorapipe

@@ -79,5 +79,7 @@ at::Tensor forward(const llama_weights& w, const lora_adapters* lora, const at::
 
 // Mean token cross-entropy (f32 scalar) of logits [B,T,V] against labels i64 [B,T]; -100 = ignored.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+// Summed token cross-entropy (f32 scalar) over the labels that are not -100 (0 when there are none).
+at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
 
 }  // namespace lorapipe

@@ -178,7 +178,13 @@ struct pipeline_executor::impl {
       x = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
     }
     if (!st.has_head) return x;
-    auto loss = causal_lm_loss(head_logits(w.cfg, sw.final_norm, sw.lm_head, x), mb.labels);
+    auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, x);
+    if (mb.loss_scale > 0) {
+      auto loss = causal_lm_loss_sum(logits, mb.labels) * mb.loss_scale;
+      if (loss_out != nullptr) *loss_out = loss.item<double>() * prog.micro_batches;  // the step's loss is sum / micro_batches
+      return loss;
+    }
+    auto loss = causal_lm_loss(logits, mb.labels);
     if (loss_out != nullptr) *loss_out = loss.item<double>();
     return loss / static_cast<double>(prog.micro_batches);
   }
@@ -361,8 +367,9 @@ struct pipeline_executor::impl {
                 arena_block mem(dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, w.embed.element_size())));
                 auto out = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
                 if (st.has_head && l == st.last_layer - 1) {
-                  auto loss = causal_lm_loss(head_logits(w.cfg, sw.final_norm, sw.lm_head, out), mb(m).labels);
-                  (loss / static_cast<double>(prog.micro_batches)).backward();
+                  auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, out);
+                  if (mb(m).loss_scale > 0) (causal_lm_loss_sum(logits, mb(m).labels) * mb(m).loss_scale).backward();
+                  else (causal_lm_loss(logits, mb(m).labels) / static_cast<double>(prog.micro_batches)).backward();
                 } else {
                   out.backward(grad);
                 }

@@ -25,6 +25,9 @@ namespace lorapipe {
 struct micro_batch {
   at::Tensor tokens;  // i64 [b,T]
   at::Tensor labels;  // i64 [b,T], -100 = ignored
+  // 0: the loss is this micro-batch's mean over 1/micro_batches. > 0: the summed loss times this
+  // (1 / trained tokens of the whole step), so masked batches give a token-weighted mean.
+  double loss_scale = 0;
 };
 
 struct instr_timing {

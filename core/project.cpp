@@ -2,6 +2,7 @@
 #include "core/project.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -128,7 +129,18 @@ status validate_project(const project_config& c) {
     need(fs::exists(c.resolve(c.tokenizer.path), ec), "tokenizer.path", fmt::format("{} does not exist", c.resolve(c.tokenizer.path).string()));
   need(!c.data.train.empty(), "data.train", "is required");
   if (!c.data.train.empty()) need(fs::is_regular_file(c.resolve(c.data.train), ec), "data.train", fmt::format("{} is not a file", c.resolve(c.data.train).string()));
-  need(c.data.format == "text", "data.format", "must be text");
+  auto one_of = [](const std::string& v, std::initializer_list<const char*> options) {
+    for (const char* o : options)
+      if (v == o) return true;
+    return false;
+  };
+  need(one_of(c.data.format, {"auto", "text", "alpaca", "chat", "completion"}), "data.format", "must be auto, text, alpaca, chat or completion");
+  need(one_of(c.data.train_on, {"completion", "all"}), "data.train_on", "must be completion or all");
+  need(one_of(c.data.truncation, {"right", "left", "drop"}), "data.truncation", "must be right, left or drop");
+  need(one_of(c.data.on_error, {"stop", "skip"}), "data.on_error", "must be stop or skip");
+  if (!one_of(c.data.chat_template, {"auto", "builtin"}))
+    need(fs::is_regular_file(c.resolve(c.data.chat_template), ec), "data.chat_template",
+         fmt::format("must be auto, builtin or a template file ({} does not exist)", c.resolve(c.data.chat_template).string()));
   need(c.data.seq_len >= 2 && c.data.seq_len <= 1 << 20, "data.seq_len", "must be between 2 and 1048576");
   need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in [0, 1)");
   need(c.lora.r >= 1, "lora.r", "must be at least 1");

@@ -26,7 +26,12 @@ struct project_config {
   } tokenizer;
   struct {
     std::string train;               // corpus path
-    std::string format = "text";
+    std::string format = "auto";
+    std::string chat_template = "auto";
+    std::string train_on = "completion";
+    bool packing = true;
+    std::string truncation = "right";
+    std::string on_error = "stop";
     int64_t seq_len = 128;
     double val_fraction = 0.05;
     bool add_bos = true;
@@ -91,8 +96,13 @@ void visit_fields(C& c, F&& f) {
   f("model.path", c.model.path, "Hugging Face Llama folder (config.json + safetensors) or a llama2.c .bin file.");
   f("model.dtype", c.model.dtype, "Compute dtype: float32, bfloat16 or float16.");
   f("tokenizer.path", c.tokenizer.path, "tokenizer.model file or folder; empty = look in the model folder.");
-  f("data.train", c.data.train, "Training corpus (plain text; documents separated by blank lines).");
-  f("data.format", c.data.format, "Dataset format: text.");
+  f("data.train", c.data.train, "Training data: plain text (documents separated by blank lines) or JSONL (alpaca, chat, prompt/completion).");
+  f("data.format", c.data.format, "auto (from the file), text, alpaca ({instruction, input, output}), chat ({messages}) or completion ({prompt, completion}).");
+  f("data.chat_template", c.data.chat_template, "Chat template for alpaca/chat data: auto (tokenizer_config.json, else built-in), builtin, or a .jinja file.");
+  f("data.train_on", c.data.train_on, "completion (loss on assistant/completion tokens only) or all.");
+  f("data.packing", c.data.packing, "JSONL data: pack examples back to back into seq_len sequences (else one padded example per sequence).");
+  f("data.truncation", c.data.truncation, "Examples longer than seq_len+1 tokens: right (keep the start), left (keep the end) or drop.");
+  f("data.on_error", c.data.on_error, "Malformed JSONL record: stop (error naming the line) or skip (count and continue).");
   f("data.seq_len", c.data.seq_len, "Tokens per packed training sequence.");
   f("data.val_fraction", c.data.val_fraction, "Fraction of the token stream held out for validation (taken from the end).");
   f("data.add_bos", c.data.add_bos, "Start each document with BOS.");

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "core/dataset.h"
+#include "core/training_data.h"
 #include "core/generate.h"
 #include "core/llama_model.h"
 #include "core/lora.h"
@@ -40,8 +41,19 @@ std::pair<at::Tensor, at::Tensor> make_batch(const token_windows& w, const std::
     const int32_t* src = w.window(idx[b]);
     for (int64_t t = 0; t <= T; ++t) p[b * (T + 1) + t] = src[t];
   }
-  return {all.slice(1, 0, T).contiguous(), all.slice(1, 1, T + 1).contiguous()};
+  auto labels = all.slice(1, 1, T + 1).clone();  // i64 [B,T]
+  if (!w.mask.empty()) {  // loss mask: -100 where the target token is not trained on
+    auto* l = labels.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const uint8_t* m = w.window_mask(idx[b]);
+      for (int64_t t = 0; t < T; ++t)
+        if (m[t + 1] == 0) l[b * T + t] = -100;
+    }
+  }
+  return {all.slice(1, 0, T).contiguous(), labels};
 }
+
+int64_t trained_labels(const at::Tensor& y) { return y.ne(-100).sum().item<int64_t>(); }
 
 double evaluate(const llama_weights& w, const lora_adapters& lora, const token_windows& val, int64_t batch,
                 int64_t max_batches) {
@@ -54,9 +66,11 @@ double evaluate(const llama_weights& w, const lora_adapters& lora, const token_w
     std::vector<int64_t> idx;
     for (int64_t i = s; i < std::min(limit, s + batch); ++i) idx.push_back(i);
     auto [x, y] = make_batch(val, idx);
+    const int64_t n = trained_labels(y);
+    if (n == 0) continue;
     auto loss = causal_lm_loss(forward(w, &lora, x), y);
-    sum += loss.item<double>() * static_cast<double>(y.numel());
-    count += y.numel();
+    sum += loss.item<double>() * static_cast<double>(n);
+    count += n;
   }
   return count > 0 ? sum / static_cast<double>(count) : 0.0;
 }
@@ -92,12 +106,18 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
   LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
   if (tok->vocab_size() > w.cfg.vocab_size)
     return make_error("tokenizer has {} tokens but the model only {}", tok->vocab_size(), w.cfg.vocab_size);
-  text_dataset_options dopt{cfg.resolve(cfg.data.train), cfg.data.seq_len, cfg.data.val_fraction, cfg.data.add_bos,
-                            cfg.data.add_eos};
   if (cfg.data.seq_len > w.cfg.max_position_embeddings)
     return make_error("data.seq_len: {} exceeds the model's context length {}", cfg.data.seq_len,
                       w.cfg.max_position_embeddings);
-  LP_TRY_ASSIGN(data, load_text_dataset(dopt, *tok));
+  std::error_code dir_ec;
+  const fs::path tok_dir = fs::is_directory(tok_path, dir_ec) ? tok_path : tok_path.parent_path();
+  LP_TRY_ASSIGN(data, load_training_data(cfg, *tok, tok_dir));
+  if (data.stats.format != data_format::text || data.stats.skipped > 0)
+    obs.on_event(log_event{log_event::level::info,
+                           fmt::format("data: {} format, {} examples ({} skipped, {} truncated, {} dropped), {} tokens of which {} trained on; template {}",
+                                       data_format_name(data.stats.format), data.stats.examples, data.stats.skipped, data.stats.truncated,
+                                       data.stats.dropped, data.stats.tokens, data.stats.trained_tokens,
+                                       data.template_source.empty() ? "none" : data.template_source)});
 
   lora_config lc;
   lc.r = cfg.lora.r;
@@ -172,6 +192,7 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
                                                po);
   }
 
+  const bool masked = !data.train.mask.empty();
   epoch_sampler sampler(data.train.size(), static_cast<uint64_t>(cfg.run.seed));
   int64_t cursor = 0;
   double busy_s = 0;
@@ -192,24 +213,38 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
       auto [x, y] = make_batch(data.train, idx);  // i64 [B,T] each
       std::vector<micro_batch> mbs;
       auto xs = x.chunk(cfg.parallel.micro_batches), ys = y.chunk(cfg.parallel.micro_batches);
-      for (size_t i = 0; i < xs.size(); ++i) mbs.push_back({xs[i].contiguous(), ys[i].contiguous()});
+      // Masked data: every micro-batch's summed loss over the step's trained tokens (token-weighted mean).
+      const double scale = masked ? 1.0 / static_cast<double>(std::max<int64_t>(1, trained_labels(y))) : 0.0;
+      for (size_t i = 0; i < xs.size(); ++i) mbs.push_back({xs[i].contiguous(), ys[i].contiguous(), scale});
       LP_TRY_ASSIGN(r, pipe->step(mbs, lr, cfg.optimizer.grad_clip));
       loss_mean = r.loss;
       gnorm = r.grad_norm;
     } else {
       double loss_sum = 0;
+      std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+      int64_t step_trained = 0;
       for (int64_t micro = 0; micro < cfg.run.grad_accum; ++micro) {
         std::vector<int64_t> idx;
         for (int64_t b = 0; b < cfg.run.batch_size; ++b) idx.push_back(sampler.at(cursor++));
-        auto [x, y] = make_batch(data.train, idx);                               // i64 [B,T] each
-        auto loss = causal_lm_loss(forward(w, &lora, x, 0, nullptr, true), y);  // f32 []
-        (loss / static_cast<double>(cfg.run.grad_accum)).backward();
-        loss_sum += loss.item<double>();
+        batches.push_back(make_batch(data.train, idx));  // i64 [B,T] each
+        if (masked) step_trained += trained_labels(batches.back().second);
+      }
+      for (auto& [x, y] : batches) {
+        auto logits = forward(w, &lora, x, 0, nullptr, true);  // f32 [B,T,V]
+        if (!masked) {
+          auto loss = causal_lm_loss(logits, y);  // f32 []
+          (loss / static_cast<double>(cfg.run.grad_accum)).backward();
+          loss_sum += loss.item<double>() / static_cast<double>(cfg.run.grad_accum);
+        } else {  // token-weighted over the whole step: sum over trained labels / their count
+          auto loss = causal_lm_loss_sum(logits, y) / static_cast<double>(std::max<int64_t>(1, step_trained));
+          loss.backward();
+          loss_sum += loss.item<double>();
+        }
       }
       gnorm = clip_grad_norm(params, cfg.optimizer.grad_clip);
       opt.step(lr);
       opt.zero_grad();
-      loss_mean = loss_sum / cfg.run.grad_accum;
+      loss_mean = loss_sum;
     }
     const double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
     busy_s += dt;
