@@ -1,4 +1,5 @@
-// lorapipe-cli: the headless front end. Subcommands: train, generate, tokenize, export, init, validate.
+// lorapipe-cli: the headless front end. Subcommands: train, generate, tokenize, export, init, validate,
+// plan, data inspect.
 // Results go to stdout, logs and progress to stderr. Every failure is one clear message and exit 1.
 #include <unistd.h>
 
@@ -12,7 +13,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "app/cli_data.h"
 #include "app/cli_printer.h"
+#include "core/chat_template.h"
 #include "core/errors.h"
 #include "core/generate.h"
 #include "core/llama_model.h"
@@ -72,6 +75,8 @@ struct generate_args {
   uint64_t seed = 0;
   int64_t threads = 0;
   bool no_bos = false;
+  bool chat = false;
+  std::string system;
 };
 
 int cmd_generate(const generate_args& a) {
@@ -88,11 +93,30 @@ int cmd_generate(const generate_args& a) {
     if (!l) return fail(l.message());
     lora = std::move(*l);
   }
-  auto ids = (*tok)->encode(a.prompt);
-  if (!ids) return fail(ids.message());
+  std::string text = a.prompt;
+  if (a.chat) {  // the prompt as one user turn through the model's chat template (or the built-in one)
+    const fs::path tp = a.tokenizer.empty() ? fs::path(a.model) : fs::path(a.tokenizer);
+    std::error_code ec;
+    auto settings = load_tokenizer_settings(fs::is_directory(tp, ec) ? tp : tp.parent_path());
+    if (!settings) return fail(settings.message());
+    auto templ = chat_template::parse(settings->chat_template.empty() ? chat_template::builtin_source() : settings->chat_template);
+    if (!templ) return fail(templ.message());
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    if (!a.system.empty()) msgs.push_back({{"role", "system"}, {"content", a.system}});
+    msgs.push_back({{"role", "user"}, {"content", a.prompt}});
+    auto name = [&](int32_t id, const std::string& s) { return !s.empty() ? s : id >= 0 ? (*tok)->id_to_token(id) : std::string(); };
+    auto rendered = templ->render(msgs, true, {{"bos_token", name((*tok)->bos_id(), settings->bos_token)},
+                                               {"eos_token", name((*tok)->eos_id(), settings->eos_token)}});
+    if (!rendered) return fail(rendered.message());
+    text = *rendered;
+  }
+  auto enc = (*tok)->encode_with_offsets(text, a.chat || (*tok)->parses_special_by_default());
+  if (!enc) return fail(enc.message());
+  const auto& ids = enc->ids;
   std::vector<int32_t> prompt;
-  if (!a.no_bos) prompt.push_back((*tok)->bos_id());
-  prompt.insert(prompt.end(), ids->begin(), ids->end());
+  const int32_t bos = (*tok)->bos_id();
+  if (!a.no_bos && bos >= 0 && (ids.empty() || ids.front() != bos)) prompt.push_back(bos);
+  prompt.insert(prompt.end(), ids.begin(), ids.end());
   if (prompt.empty()) return fail("empty prompt (give --prompt text, or drop --no-bos)");
   sampling_options so{a.temperature, a.top_p, a.seed, a.max_new_tokens, (*tok)->eos_id()};
   auto out = generate(*w, lora ? &*lora : nullptr, prompt, so);
@@ -257,11 +281,13 @@ int main(int argc, char** argv) {
   gen->add_option("--dtype", ga.dtype, "Compute dtype: float32, bfloat16, float16");
   gen->add_option("--threads", ga.threads, "CPU threads (0 = all)");
   gen->add_flag("--no-bos", ga.no_bos, "Do not prepend BOS to the prompt");
+  gen->add_flag("--chat", ga.chat, "Send the prompt as a user message through the chat template");
+  gen->add_option("--system", ga.system, "With --chat: a system message");
 
   std::string tok_path;
   bool tok_json = false;
   auto* tokz = app.add_subcommand("tokenize", "Tokenize stdin; prints ids (no BOS/EOS)");
-  tokz->add_option("--tokenizer", tok_path, "tokenizer.model or a model folder")->required();
+  tokz->add_option("--tokenizer", tok_path, "tokenizer.json, tokenizer.model or a model folder")->required();
   tokz->add_flag("--json", tok_json, "Print a JSON list");
 
   std::string ex_model, ex_adapter, ex_out, ex_dtype = "float32";
@@ -289,6 +315,16 @@ int main(int argc, char** argv) {
   plan->add_flag("--json", plan_json, "Machine-readable output");
   plan->add_flag("--grid", plan_grid, "Print the device-by-time grid of the program");
 
+  std::string data_path;
+  int64_t data_examples = 3;
+  bool data_json = false;
+  auto* data = app.add_subcommand("data", "Dataset tools");
+  data->require_subcommand(1);
+  auto* inspect = data->add_subcommand("inspect", "Statistics and rendered examples (trained tokens marked) of a project's data");
+  inspect->add_option("project", data_path, "Project file")->required();
+  inspect->add_option("--examples", data_examples, "Examples to show")->check(CLI::NonNegativeNumber);
+  inspect->add_flag("--json", data_json, "Machine-readable output");
+
   std::string val_path;
   auto* val = app.add_subcommand("validate", "Check a project file and report every problem");
   val->add_option("project", val_path, "Project file")->required();
@@ -305,6 +341,12 @@ int main(int argc, char** argv) {
     }
     if (*init) return cmd_init(init_path, init_model, init_data, init_force);
     if (*val) return cmd_validate(val_path);
+    if (*inspect) {
+      auto report = data_inspect_report(data_path, data_examples, data_json, !data_json && isatty(STDOUT_FILENO) != 0);
+      if (!report) return fail(report.message());
+      std::cout << *report;
+      return 0;
+    }
     if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid);
   } catch (const lorapipe_error& e) {
     return fail(e.what());

@@ -46,6 +46,7 @@ class value {
   value(dict_t d) : v_(std::make_shared<dict_t>(std::move(d))) {}
   static value undefined(std::string name) { value v; v.v_ = undefined_t{std::move(name)}; return v; }
   static value from_json(const nlohmann::ordered_json& j);
+  static value from_json(const nlohmann::ordered_json& j, int depth);
   template <class T> explicit value(std::shared_ptr<T> p) : v_(std::move(p)) {}
 
   bool is_undefined() const { return std::holds_alternative<undefined_t>(v_); }

@@ -120,6 +120,8 @@ class renderer {
       else if (a.pos.size() >= 2) start = a.pos[0].as_int(), stop = a.pos[1].as_int();
       if (a.pos.size() == 3) step = a.pos[2].as_int();
       if (step == 0 || a.pos.empty() || a.pos.size() > 3) return make_error("range(): bad arguments");
+      const double count = (static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step);
+      if (count > 10'000'000) return make_error("range(): more than 10M items");
       list_t l;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.emplace_back(i);
       return value(std::move(l));
@@ -137,6 +139,9 @@ class renderer {
   }
 
   status render(const node& n, std::string& out, flow& f) {
+    // Budgets keep hostile templates (endless macros, huge loops) from hanging or exhausting memory.
+    if (++steps_ > 20'000'000) return make_error("line {}: template too expensive (more than 20M steps)", n.line);
+    if (out.size() > (256u << 20)) return make_error("line {}: template output larger than 256 MiB", n.line);
     switch (n.k) {
       case node::kind::sequence:
         for (const auto& c : n.body) {
@@ -172,6 +177,7 @@ class renderer {
         auto body = n.body[0];
         const node* def = &n;
         frames_.back()[n.text] = make_fn(n.text, [this, body, def](const call_args& a) -> result<value> {
+          if (frames_.size() > 256) return make_error("macro {}: recursion too deep", def->text);
           frames_.emplace_back();
           for (size_t i = 0; i < def->targets.size(); ++i) {
             value v = value::undefined(def->targets[i]);
@@ -288,6 +294,7 @@ class renderer {
 
   std::vector<std::unordered_map<std::string, value>> frames_;
   std::vector<std::pair<size_t, size_t>>* spans_;
+  int64_t steps_ = 0;
 };
 
 result<value> renderer::get_attr(const value& obj, const std::string& name, int line) {
@@ -442,6 +449,8 @@ result<value> renderer::binary(const std::string& op, const value& a, const valu
     }
   }
   if (op == "*" && a.is_string() && b.is_int()) {
+    if (static_cast<double>(a.as_string().size()) * static_cast<double>(b.as_int()) > 64e6)
+      return make_error("line {}: string repetition larger than 64 MB", line);
     std::string s;
     for (int64_t i = 0; i < b.as_int(); ++i) s += a.as_string();
     return value(s);

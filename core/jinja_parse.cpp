@@ -1,6 +1,8 @@
 // Jinja lexer and parser: template source -> AST (jinja_ast.h), applying transformers' whitespace
 // rules (trim_blocks, lstrip_blocks) and the "-" markers at parse time.
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 
 #include "core/jinja_ast.h"
 
@@ -104,7 +106,11 @@ result<std::vector<tok>> lex_expr(const std::string& s, int line) {
       std::string digits;
       for (size_t k = i; k < j; ++k)
         if (s[k] != '_') digits += s[k];
-      out.push_back({tok::t::number, digits, is_float ? value(std::stod(digits)) : value(static_cast<int64_t>(std::stoll(digits)))});
+      errno = 0;
+      char* endp = nullptr;
+      value num = is_float ? value(std::strtod(digits.c_str(), &endp)) : value(static_cast<int64_t>(std::strtoll(digits.c_str(), &endp, 10)));
+      if (errno == ERANGE) return make_error("line {}: number literal {} is out of range", line, digits);
+      out.push_back({tok::t::number, digits, num});
       i = j;
       continue;
     }
@@ -167,6 +173,11 @@ class expr_parser {
   }
 
   result<expr_ptr> parse_expression(bool allow_cond = true) {
+    if (++depth_ > max_depth) return make_error("line {}: expression nested too deeply", line_);
+    struct leave {
+      int& d;
+      ~leave() { --d; }
+    } guard{depth_};
     LP_TRY_ASSIGN(e, parse_or());
     if (allow_cond && is_name("if")) {
       ++i_;
@@ -224,6 +235,11 @@ class expr_parser {
   }
   result<expr_ptr> parse_not() {
     if (is_name("not")) {
+      if (++unary_depth_ > max_depth) return make_error("line {}: expression nested too deeply", line_);
+      struct leave {
+        int& d;
+        ~leave() { --d; }
+      } guard{unary_depth_};
       ++i_;
       LP_TRY_ASSIGN(e, parse_not());
       return make(expr::kind::not_, "not", {e});
@@ -287,6 +303,11 @@ class expr_parser {
     return l;
   }
   result<expr_ptr> parse_unary() {
+    if (++unary_depth_ > max_depth) return make_error("line {}: expression nested too deeply", line_);
+    struct leave {
+      int& d;
+      ~leave() { --d; }
+    } guard{unary_depth_};
     if (is_op("-") || is_op("+")) {
       const std::string op = next().s;
       LP_TRY_ASSIGN(e, parse_unary());
@@ -463,9 +484,11 @@ class expr_parser {
     }
   }
 
+  static constexpr int max_depth = 200;
   std::vector<tok> t_;
   size_t i_ = 0;
   int line_;
+  int depth_ = 0, unary_depth_ = 0;
 };
 
 // ---- statement parsing ----
@@ -475,6 +498,11 @@ class parser {
 
   // Parses nodes until one of `stops` (block keywords) is reached; returns the stopping keyword.
   result<std::string> parse_body(std::vector<std::shared_ptr<const node>>& out, const std::vector<std::string>& stops) {
+    if (++depth_ > 200) return make_error("blocks nested too deeply");
+    struct leave {
+      int& d;
+      ~leave() { --d; }
+    } guard{depth_};
     while (i_ < tags_.size()) {
       const raw_tag& t = tags_[i_];
       if (t.t == raw_tag::type::comment) { ++i_; continue; }
@@ -650,6 +678,7 @@ class parser {
   }
   std::vector<raw_tag> tags_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -6,7 +6,10 @@
 
 namespace lorapipe::jinja {
 
-value value::from_json(const nlohmann::ordered_json& j) {
+value value::from_json(const nlohmann::ordered_json& j) { return from_json(j, 0); }
+
+value value::from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 256) return value(none_t{});  // deeper structures are not chat messages
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return value(none_t{});
     case nlohmann::ordered_json::value_t::boolean: return value(j.get<bool>());
@@ -16,12 +19,12 @@ value value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       list_t l;
-      for (const auto& e : j) l.push_back(from_json(e));
+      for (const auto& e : j) l.push_back(from_json(e, depth + 1));
       return value(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       dict_t d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return value(std::move(d));
     }
     default: return value(none_t{});

@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_parse.h"
+
 #include "core/safetensors.h"
 
 namespace lorapipe {
@@ -87,7 +89,7 @@ result<llama_config> parse_llama_config(const json& j, const std::string& label)
 
 result<llama_config> load_llama_config(const std::filesystem::path& p) {
   LP_TRY_ASSIGN(text, read_text_file(p));
-  json j = json::parse(text, nullptr, false);
+  json j = parse_json_or_discarded(text);
   if (j.is_discarded()) return make_error("{}: not valid JSON", p.string());
   return parse_llama_config(j, p.string());
 }

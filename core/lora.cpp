@@ -5,6 +5,8 @@
 #include <set>
 
 #include <nlohmann/json.hpp>
+
+#include "core/json_parse.h"
 #include <torch/torch.h>
 
 #include "core/llama_model.h"
@@ -102,7 +104,7 @@ status save_peft_adapter(const lora_adapters& a, const fs::path& dir) {
 result<lora_adapters> load_peft_adapter(const fs::path& dir, const llama_weights& w) {
   const auto cfg_path = dir / "adapter_config.json";
   LP_TRY_ASSIGN(text, read_text_file(cfg_path));
-  json j = json::parse(text, nullptr, false);
+  json j = parse_json_or_discarded(text);
   const auto label = cfg_path.string();
   if (j.is_discarded() || !j.is_object()) return make_error("{}: not a JSON object", label);
   if (j.value("peft_type", std::string()) != "LORA") return make_error("{}: peft_type must be LORA", label);

@@ -4,6 +4,8 @@
 #include <memory>
 
 #include <nlohmann/json.hpp>
+
+#include "core/json_parse.h"
 #include <torch/torch.h>
 
 #include "core/llama_model.h"
@@ -39,7 +41,7 @@ result<shard_set> open_shards(const fs::path& dir) {
     paths.push_back(dir / "model.safetensors");
   } else if (fs::exists(dir / "model.safetensors.index.json")) {
     LP_TRY_ASSIGN(text, read_text_file(dir / "model.safetensors.index.json"));
-    json j = json::parse(text, nullptr, false);
+    json j = parse_json_or_discarded(text);
     auto label = (dir / "model.safetensors.index.json").string();
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       return make_error("{}: expected a JSON object with a 'weight_map' object", label);

@@ -206,7 +206,7 @@ struct pipeline_executor::impl {
     std::map<int32_t, micro_batch> batch;
     auto mb = [&](int32_t m) -> const micro_batch& {
       auto it = batch.find(m);
-      if (it == batch.end()) it = batch.emplace(m, micro_batch{mbs[m].tokens.to(tdev), mbs[m].labels.to(tdev)}).first;
+      if (it == batch.end()) it = batch.emplace(m, micro_batch{mbs[m].tokens.to(tdev), mbs[m].labels.to(tdev), mbs[m].loss_scale}).first;
       return it->second;
     };
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)

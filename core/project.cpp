@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_parse.h"
+
 #include "core/lora_target.h"
 #include "core/safetensors.h"
 
@@ -75,12 +77,12 @@ void collect_leaves(const json& j, const std::string& prefix, std::vector<std::s
 
 result<project_config> parse_project(const std::string& text, const fs::path& project_file) {
   const std::string label = project_file.string();
-  json j = json::parse(text, nullptr, false);
+  json j = parse_json_or_discarded(text);
   if (j.is_discarded()) {
     // Re-parse with exceptions to get the position of the syntax error.
     try {
       (void)json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       return make_error("{}: malformed JSON: {}", label, e.what());
     }
     return make_error("{}: malformed JSON", label);

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_parse.h"
+
 namespace lorapipe {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -103,7 +105,7 @@ result<safetensors_file> safetensors_file::parse(std::shared_ptr<const std::byte
   if (n > size - 8) return make_error("{}: truncated (header needs {} bytes, file has {})", label, n + 8, size);
   if (n < 2) return make_error("{}: header too small", label);
   const char* h = reinterpret_cast<const char*>(data + 8);
-  json header = json::parse(h, h + n, nullptr, /*allow_exceptions=*/false);
+  json header = parse_json_or_discarded(std::string_view(h, static_cast<size_t>(n)));
   if (header.is_discarded()) return make_error("{}: header is not valid JSON", label);
   if (!header.is_object()) return make_error("{}: header is not a JSON object", label);
 

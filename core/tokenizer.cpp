@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
 
+#include "core/json_parse.h"
 #include "core/safetensors.h"
 #include "core/text_unicode.h"
 
@@ -100,7 +101,7 @@ result<tokenizer_settings> load_tokenizer_settings(const fs::path& dir) {
   const fs::path file = dir / "tokenizer_config.json";
   if (!fs::is_regular_file(file, ec)) return s;
   LP_TRY_ASSIGN(text, read_text_file(file));
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = parse_json_or_discarded(text);
   if (j.is_discarded() || !j.is_object()) return make_error("{}: not a JSON object", file.string());
   if (j.contains("chat_template")) {
     const auto& t = j["chat_template"];

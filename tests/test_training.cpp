@@ -69,6 +69,72 @@ TEST(Training, FineTuneOnShakespeareLowersValidationLoss) {
   EXPECT_GT(count(samples[1].text, ':') + count(samples[1].text, '\n'), count(samples[0].text, ':') + count(samples[0].text, '\n'));
 }
 
+project_config quiz(const std::string& out, int64_t steps) {
+  auto c = shakespeare(out, steps);
+  c.data.train = (test_data_dir() / "instruct/quiz_chat.jsonl").string();
+  c.data.seq_len = 128;
+  c.data.val_fraction = 0.1;
+  c.run.eval_batches = 0;  // the whole validation split
+  c.run.sample_prompt = "User: What is the capital of France?\nAssistant:";
+  c.run.sample_tokens = 12;
+  return c;
+}
+
+TEST(Training, InstructionTuneOnQuizChatLowersMaskedValidationLoss) {
+  // Chat JSONL through the built-in template; loss (training and validation) only on assistant tokens.
+  auto c = quiz("quiz", 200);
+  recorder r;
+  auto s = run_training(c, r);
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto samples = r.all<sample_event>();
+  ASSERT_EQ(samples.size(), 2u);
+  std::printf("masked validation loss before %.4f after %.4f\nsample before: %s\nsample after:  %s\n", s->first_val_loss,
+              s->final_val_loss, samples[0].text.c_str(), samples[1].text.c_str());
+  EXPECT_LT(s->final_val_loss, s->first_val_loss - 1.0);
+  bool logged = false;
+  for (const auto& l : r.all<log_event>()) logged = logged || l.message.find("chat format, 600 examples") != std::string::npos;
+  EXPECT_TRUE(logged);
+  // train_on=all trains on the prompts too: a different run, and its validation loss is not the masked one.
+  auto all = quiz("quiz_all", 1);
+  all.data.train_on = "all";
+  recorder r2;
+  auto s2 = run_training(all, r2);
+  ASSERT_TRUE(s2.ok()) << s2.message();
+  EXPECT_GT(std::abs(s2->first_val_loss - s->first_val_loss), 0.05);
+}
+
+TEST(Training, MaskedLossIsTokenWeightedAcrossAccumulationAndPipelines) {
+  // With loss masks the micro-batches hold different numbers of trained tokens; the step's loss and
+  // gradient are the mean over all trained tokens, so batch 8 == 4 x accumulate 2 == a 4-micro-batch pipeline.
+  auto big = quiz("mbig", 3), acc = quiz("macc", 3), pipe = quiz("mpipe", 3);
+  for (auto* c : {&big, &acc, &pipe}) c->run.sample_tokens = 0;
+  acc.run.batch_size = 4;
+  acc.run.grad_accum = 2;
+  pipe.parallel.devices = "cpu:2";
+  pipe.parallel.schedule = "1f1b";
+  pipe.parallel.micro_batches = 4;
+  recorder r1, r2, r3;
+  ASSERT_TRUE(run_training(big, r1).ok());
+  ASSERT_TRUE(run_training(acc, r2).ok());
+  auto p = run_training(pipe, r3);
+  ASSERT_TRUE(p.ok()) << p.message();
+  auto l1 = r1.all<step_event>(), l2 = r2.all<step_event>(), l3 = r3.all<step_event>();
+  ASSERT_EQ(l1.size(), 3u);
+  double worst = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    worst = std::max({worst, std::abs(l1[i].loss - l2[i].loss), std::abs(l1[i].loss - l3[i].loss)});
+    EXPECT_NEAR(l1[i].grad_norm, l2[i].grad_norm, 1e-4 * l1[i].grad_norm);
+    EXPECT_NEAR(l1[i].grad_norm, l3[i].grad_norm, 1e-4 * l1[i].grad_norm);
+  }
+  std::printf("masked loss: batch 8 vs 4x2 accumulation vs 1f1b cpu:2 (4 micro-batches): max step-loss diff %.3g\n", worst);
+  EXPECT_LT(worst, 1e-5);
+  auto a = adapter_of(big), b = adapter_of(acc), q = adapter_of(pipe);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LT((a[i] - b[i]).abs().max().item<double>(), 1e-5);
+    EXPECT_LT((a[i] - q[i]).abs().max().item<double>(), 1e-5);
+  }
+}
+
 TEST(Training, GradientAccumulationEqualsLargeBatch) {
   auto big = shakespeare("big", 3);
   big.run.sample_tokens = 0;
