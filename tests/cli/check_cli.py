@@ -130,6 +130,47 @@ def main():
         rc2, out2, _ = run(cli, "generate", "--model", merged, "--prompt", "Once upon a time", "--max-new-tokens", "20")
         check("export merged == base + adapter", rc == 0 and rc2 == 0 and out2 == out, f"{out!r} vs {out2!r}")
 
+        # Real-world inputs: tokenizer.json picked from a folder, instruction data, data inspect.
+        qwen = os.path.join(data, "tokenizers", "qwen3")
+        golden_q = [json.loads(l) for l in open(os.path.join(qwen, "golden.jsonl"))]
+        ok = True
+        for row in golden_q[:12]:
+            rc, out, err = run(cli, "tokenize", "--tokenizer", qwen, "--json", stdin=row["text"])
+            ok = ok and rc == 0 and json.loads(out) == row["ids"]
+        check("tokenize with tokenizer.json (Qwen3 golden ids)", ok, err)
+        quiz = os.path.join(data, "instruct", "quiz_alpaca.jsonl")
+        proj = {"schema_version": 1, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": quiz, "seq_len": 128},
+                "run": {"steps": 3, "output_dir": os.path.join(t, "out_quiz"), "threads": 2, "sample_tokens": 0, "eval_batches": 2}}
+        p_quiz = os.path.join(t, "quiz.json")
+        json.dump(proj, open(p_quiz, "w"))
+        rc, out, err = run(cli, "data", "inspect", p_quiz, "--examples", "2")
+        check("data inspect (alpaca, masked tokens marked)", rc == 0 and "alpaca format, detected" in out and "Assistant:[[" in out
+              and "trained on" in out, out[-600:] + err)
+        rc, out, err = run(cli, "data", "inspect", p_quiz, "--json")
+        stats = json.loads(out) if rc == 0 else {}
+        check("data inspect --json", stats.get("examples") == 600 and 0 < stats.get("trained_tokens", 0) < stats.get("tokens", 0), out[:300] + err)
+        rc, _, err = run(cli, "train", p_quiz)
+        check("train on alpaca JSONL (masked)", rc == 0 and "alpaca format, 600 examples" in err, err[-400:])
+        bad_jsonl = os.path.join(t, "bad.jsonl")
+        open(bad_jsonl, "w").write('{"instruction": "a", "output": "b"}\n{"instruction": 3, "output": "b"}\n')
+        proj["data"]["train"] = bad_jsonl
+        json.dump(proj, open(p_quiz, "w"))
+        expect_clean_error(cli, "malformed JSONL record names its line", ["data", "inspect", p_quiz], "bad.jsonl:2: \"instruction\" must be a string")
+        proj["data"]["on_error"] = "skip"
+        json.dump(proj, open(p_quiz, "w"))
+        rc, out, err = run(cli, "data", "inspect", p_quiz)
+        check("on_error=skip counts the bad record", rc == 0 and "1 skipped as malformed" in out, out + err)
+        proj["data"]["chat_template"] = os.path.join(t, "broken.jinja")
+        open(proj["data"]["chat_template"], "w").write("{% for m in messages %}{{ m.content }")
+        json.dump(proj, open(p_quiz, "w"))
+        expect_clean_error(cli, "broken chat template", ["data", "inspect", p_quiz], "data.chat_template")
+        proj["data"]["format"] = "csv"
+        json.dump(proj, open(p_quiz, "w"))
+        expect_clean_error(cli, "multi: unknown data.format", ["validate", p_quiz], "data.format: must be")
+        rc, out, err = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--chat", "--prompt", "What is the capital of France?",
+                           "--max-new-tokens", "8")
+        check("generate --chat", rc == 0 and len(out.strip()) > 0, err)
+
     n_fail = RESULTS.count(False)
     print(f"{len(RESULTS) - n_fail} passed, {n_fail} failed")
     return 1 if n_fail else 0
