@@ -1,6 +1,8 @@
 // Tokenizer loading and the SentencePiece tokenizer: see tokenizer.h.
 #include "core/tokenizer.h"
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
 
@@ -140,6 +142,14 @@ result<std::unique_ptr<tokenizer>> load_tokenizer(const fs::path& path) {
   if (file.extension() == ".json") {
     LP_TRY_ASSIGN(settings, load_tokenizer_settings(file.parent_path().empty() ? fs::path(".") : file.parent_path()));
     return load_hf_tokenizer(file, settings);
+  }
+  if (file.extension() == ".tiktoken") return load_tiktoken_tokenizer(file);
+  {
+    std::ifstream in(file, std::ios::binary);
+    std::string head(256, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(in.gcount()));
+    if (looks_like_tiktoken(head)) return load_tiktoken_tokenizer(file);
   }
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
   auto st = sp->Load(file.string());

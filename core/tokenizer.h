@@ -56,13 +56,17 @@ struct tokenizer_settings {
 // {name, template} use the one named "default".
 result<tokenizer_settings> load_tokenizer_settings(const std::filesystem::path& dir);
 
-// path: tokenizer.json, tokenizer.model, or a folder holding one (tokenizer.json preferred); for a
-// llama2.c .bin model the folder of the .bin is searched.
+// path: tokenizer.json, tokenizer.model (SentencePiece, or tiktoken ranks as in Meta's Llama-3
+// release), *.tiktoken, or a folder holding one (tokenizer.json preferred); for a llama2.c .bin model
+// the folder of the .bin is searched.
 result<std::unique_ptr<tokenizer>> load_tokenizer(const std::filesystem::path& path);
 // Where load_tokenizer would look for a model given by `model_path`; error if none found.
 result<std::filesystem::path> find_tokenizer_for_model(const std::filesystem::path& model_path);
 // HF tokenizer.json (hf_tokenizer.cpp); `settings` supplies BOS/EOS names when present.
 result<std::unique_ptr<tokenizer>> load_hf_tokenizer(const std::filesystem::path& json_file, const tokenizer_settings& settings);
 result<std::unique_ptr<tokenizer>> parse_hf_tokenizer(std::string_view json_text, const tokenizer_settings& settings);
+// tiktoken rank files (*.tiktoken, or Meta's original Llama-3 tokenizer.model); tiktoken_tokenizer.cpp.
+result<std::unique_ptr<tokenizer>> load_tiktoken_tokenizer(const std::filesystem::path& file);
+bool looks_like_tiktoken(std::string_view head);
 
 }  // namespace lorapipe

@@ -430,3 +430,22 @@ TEST(InstructDataset, QuizChatWithRealTokenizers) {
   EXPECT_NE(shown.find("<|im_start|>assistant\n[[<think>\n\n</think>\n\n"), std::string::npos) << shown;
   EXPECT_EQ(shown.substr(shown.size() - 13), "<|im_end|>]]\n") << shown;
 }
+
+TEST(Tiktoken, Gpt2R50kGoldenIds) {
+  // OpenAI's r50k_base ranks (GPT-2), special-token text encoded as plain text as in the golden file.
+  auto tok = load_tokenizer(test_data_dir() / "tokenizers/gpt2/r50k_base.tiktoken");
+  ASSERT_TRUE(tok) << tok.message();
+  EXPECT_EQ((*tok)->vocab_size(), 50257);
+  EXPECT_EQ((*tok)->eos_id(), 50256);
+  int n = 0;
+  for (const auto& r : read_jsonl(test_data_dir() / "tokenizers/gpt2/golden.jsonl")) {
+    const std::string text = r["text"];
+    auto ids = (*tok)->encode(text);
+    ASSERT_TRUE(ids) << ids.message();
+    EXPECT_EQ(*ids, r["ids"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ((*tok)->decode(*ids), text);
+    ++n;
+  }
+  EXPECT_EQ(n, 39);
+  EXPECT_EQ((*tok)->encode_with_offsets("a<|endoftext|>", true).value().ids, (std::vector<int32_t>{64, 50256}));
+}

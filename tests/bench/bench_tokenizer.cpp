@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   const std::vector<entry> toks = {{"qwen3 tokenizer.json (byte-level BPE)", fs::path(data) / "tokenizers/qwen3/tokenizer.json"},
                                    {"tok512 tokenizer.json (lorapipe BPE)", fs::path(fixtures) / "tokenizers/tok512-metaspace/tokenizer.json"},
                                    {"tok512.model (SentencePiece library)", fs::path(data) / "tokenizers/tok512/tok512.model"},
-                                   {"llama2 tokenizer.model (SentencePiece library)", fs::path(data) / "tokenizers/llama2/tokenizer.model"}};
+                                   {"llama2 tokenizer.model (SentencePiece library)", fs::path(data) / "tokenizers/llama2/tokenizer.model"},
+                                   {"gpt2 r50k_base.tiktoken (tiktoken BPE)", fs::path(data) / "tokenizers/gpt2/r50k_base.tiktoken"}};
   const std::vector<fs::path> corpora = {fs::path(data) / "text/tinyshakespeare.txt", fs::path(data) / "text/moby_dick.txt"};
   std::printf("%-48s %-20s %10s %12s %9s %8s\n", "tokenizer", "corpus", "tokens", "chars/s", "MB/s", "load s");
   std::vector<double> mbps(toks.size());

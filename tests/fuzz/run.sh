@@ -11,7 +11,7 @@ mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY=1
        -I"$root" $(pkg-config --cflags sentencepiece libpcre2-8 libutf8proc))
 libs=($(pkg-config --libs sentencepiece libpcre2-8 libutf8proc) -lpthread)
-srcs=(safetensors llama_config project tokenizer hf_tokenizer text_unicode jinja_parse jinja_eval jinja_value chat_template
+srcs=(safetensors llama_config project tokenizer hf_tokenizer tiktoken_tokenizer text_unicode jinja_parse jinja_eval jinja_value chat_template
       instruct_dataset dataset lora_names)
 # Objects once (in parallel), then one link per target.
 pids=()
