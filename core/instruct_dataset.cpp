@@ -62,7 +62,7 @@ result<data_format> detect_data_format(const fs::path& path) {
   if (!rec->has_value()) return make_error("{}: empty file", path.string());
   const ojson& j = **rec;
   if (!j.is_object()) return make_error("{}:{}: a JSONL record must be an object", path.string(), r.line());
-  if (j.contains("messages")) return data_format::chat;
+  if (j.contains("messages") || j.contains("conversations")) return data_format::chat;
   if (j.contains("instruction")) return data_format::alpaca;
   if (j.contains("prompt") && j.contains("completion")) return data_format::completion;
   if (j.contains("text")) return data_format::text;
@@ -135,8 +135,19 @@ result<tokenized_example> tokenize_record(const ojson& rec, data_format fmt, con
         messages.push_back({{"role", "user"}, {"content", in.empty() ? ins : ins + "\n\n" + in}});
         messages.push_back({{"role", "assistant"}, {"content", out}});
       } else {
-        if (!rec.contains("messages") || !rec["messages"].is_array()) return make_error("\"messages\" must be a list");
-        messages = rec["messages"];
+        if (rec.contains("conversations") && !rec.contains("messages")) {  // ShareGPT: {"from": human|gpt|system, "value"}
+          if (!rec["conversations"].is_array()) return make_error("\"conversations\" must be a list");
+          for (const auto& turn : rec["conversations"]) {
+            if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() || !turn.contains("value") || !turn["value"].is_string())
+              return make_error("every conversations entry needs string \"from\" and \"value\"");
+            const std::string from = turn["from"].get<std::string>();
+            const std::string role = from == "human" || from == "user" ? "user" : from == "gpt" || from == "assistant" ? "assistant" : from;
+            messages.push_back({{"role", role}, {"content", turn["value"]}});
+          }
+        } else {
+          if (!rec.contains("messages") || !rec["messages"].is_array()) return make_error("\"messages\" must be a list");
+          messages = rec["messages"];
+        }
         for (size_t i = 0; i < messages.size(); ++i) {
           const auto& m = messages[i];
           if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
@@ -275,6 +286,8 @@ result<instruct_dataset> load_instruct_dataset(const instruct_options& opt, cons
     st.tokens += static_cast<int64_t>(ex.ids.size());
     st.trained_tokens += trained;
     if (ds.preview.size() < preview) ds.preview.push_back(ex);
+    ex.text.clear();  // only the previews keep their text
+    ex.text.shrink_to_fit();
     exs.push_back(std::move(ex));
   }
   st.examples = static_cast<int64_t>(exs.size());

@@ -1,4 +1,5 @@
-// Training data beyond plain text: alpaca JSONL (instruction/input/output), chat JSONL (messages),
+// Training data beyond plain text: alpaca JSONL (instruction/input/output), chat JSONL (messages, or
+// ShareGPT conversations with from/value),
 // prompt/completion JSONL; format autodetection; rendering through the model's chat template; loss
 // masks so only assistant/completion tokens are trained on; packing into fixed-length sequences or
 // one padded sequence per example; truncation; a seeded shuffle; a line-streaming JSONL reader with

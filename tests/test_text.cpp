@@ -303,6 +303,12 @@ TEST(InstructDataset, MaskedTokenCountsAreExact) {
   EXPECT_EQ(ds->stats.trained_tokens, 4 + (4 + 5));
   EXPECT_EQ(ds->preview[0].ids.size(), 1u + 19 + 4 + 1);  // BOS, "User: hi\nAssistant:", " yo</s>", "\n"
   EXPECT_EQ(render_masked(ds->preview[0], *tok), "<s>User: hi\nAssistant:[[ yo</s>]]\n");
+  // ShareGPT "conversations" are chat too.
+  o.path = write_temp("sharegpt.jsonl", R"({"conversations":[{"from":"human","value":"hi"},{"from":"gpt","value":"yo"}]})" "\n");
+  ds = load_instruct_dataset(o, *tok);
+  ASSERT_TRUE(ds) << ds.message();
+  EXPECT_EQ(ds->stats.format, data_format::chat);
+  EXPECT_EQ(render_masked(ds->preview[0], *tok), "<s>User: hi\nAssistant:[[ yo</s>]]\n");
   // Alpaca: instruction + "\n\n" + input as the user turn; " 3</s>" trained.
   o.path = write_temp("alpaca.jsonl", R"({"instruction":"add","input":"1 2","output":"3"})" "\n");
   ds = load_instruct_dataset(o, *tok);
