@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 #include "core/result.h"
@@ -18,9 +19,17 @@ struct token_windows {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;  // empty: every token is a target
   std::vector<int64_t> starts;
+  // Disk-backed storage (memory-mapped files) used instead of the vectors when set.
+  const int32_t* mapped_tokens = nullptr;
+  const uint8_t* mapped_mask = nullptr;
+  std::shared_ptr<const void> mapping;
   int64_t size() const { return static_cast<int64_t>(starts.size()); }
-  const int32_t* window(int64_t i) const { return tokens.data() + starts[i]; }
-  const uint8_t* window_mask(int64_t i) const { return mask.empty() ? nullptr : mask.data() + starts[i]; }
+  const int32_t* window(int64_t i) const { return (mapped_tokens != nullptr ? mapped_tokens : tokens.data()) + starts[i]; }
+  const uint8_t* window_mask(int64_t i) const {
+    if (mapped_mask != nullptr) return mapped_mask + starts[i];
+    return mask.empty() ? nullptr : mask.data() + starts[i];
+  }
+  bool has_mask() const { return mapped_mask != nullptr || !mask.empty(); }
 };
 
 struct text_dataset_options {

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <random>
 
+#include "core/safetensors.h"
+
 namespace lorapipe {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
@@ -185,37 +187,136 @@ void shuffle(std::vector<size_t>& v, uint64_t seed) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[static_cast<size_t>(rng() % i)]);
 }
 
+// Where examples live between tokenisation and windowing: in memory, or appended to a file
+// (ids as int32 then the mask bytes) and read back by offset, so only a 12-byte index per example
+// stays in RAM.
+class example_store {
+ public:
+  explicit example_store(const fs::path& spill) : spill_(spill) {}
+  status open() {
+    if (spill_.empty()) return ok_status();
+    out_.open(spill_, std::ios::binary | std::ios::trunc);
+    if (!out_) return make_error("{}: cannot create the data cache", spill_.string());
+    return ok_status();
+  }
+  status add(tokenized_example ex) {
+    if (spill_.empty()) {
+      mem_.push_back(std::move(ex));
+      return ok_status();
+    }
+    index_.push_back({offset_, static_cast<uint32_t>(ex.ids.size())});
+    out_.write(reinterpret_cast<const char*>(ex.ids.data()), static_cast<std::streamsize>(ex.ids.size() * 4));
+    out_.write(reinterpret_cast<const char*>(ex.mask.data()), static_cast<std::streamsize>(ex.mask.size()));
+    offset_ += ex.ids.size() * 5;
+    if (!out_) return make_error("{}: write failed (disk full?)", spill_.string());
+    return ok_status();
+  }
+  status finish() {
+    if (spill_.empty()) return ok_status();
+    out_.close();
+    in_.open(spill_, std::ios::binary);
+    if (!in_) return make_error("{}: cannot reopen the data cache", spill_.string());
+    return ok_status();
+  }
+  size_t size() const { return spill_.empty() ? mem_.size() : index_.size(); }
+  // Example i's ids and mask (valid until the next get()).
+  std::pair<const std::vector<int32_t>*, const std::vector<uint8_t>*> get(size_t i) {
+    if (spill_.empty()) return {&mem_[i].ids, &mem_[i].mask};
+    const auto [off, n] = index_[i];
+    ids_.resize(n);
+    mask_.resize(n);
+    in_.seekg(static_cast<std::streamoff>(off));
+    in_.read(reinterpret_cast<char*>(ids_.data()), static_cast<std::streamsize>(n) * 4);
+    in_.read(reinterpret_cast<char*>(mask_.data()), static_cast<std::streamsize>(n));
+    return {&ids_, &mask_};
+  }
+
+ private:
+  fs::path spill_;
+  std::vector<tokenized_example> mem_;
+  std::vector<std::pair<uint64_t, uint32_t>> index_;
+  uint64_t offset_ = 0;
+  std::ofstream out_;
+  std::ifstream in_;
+  std::vector<int32_t> ids_;
+  std::vector<uint8_t> mask_;
+};
+
+// Destination of a split's windows: vectors, or two files memory-mapped afterwards.
+class window_sink {
+ public:
+  explicit window_sink(const fs::path& prefix) : prefix_(prefix) {}
+  status open() {
+    if (prefix_.empty()) return ok_status();
+    tok_.open(path(".tokens"), std::ios::binary | std::ios::trunc);
+    mask_.open(path(".mask"), std::ios::binary | std::ios::trunc);
+    if (!tok_ || !mask_) return make_error("{}: cannot create the data cache", path(".tokens").string());
+    return ok_status();
+  }
+  void append(const int32_t* ids, const uint8_t* m, size_t n) {
+    if (prefix_.empty()) {
+      w.tokens.insert(w.tokens.end(), ids, ids + n);
+      w.mask.insert(w.mask.end(), m, m + n);
+    } else {
+      tok_.write(reinterpret_cast<const char*>(ids), static_cast<std::streamsize>(n * 4));
+      mask_.write(reinterpret_cast<const char*>(m), static_cast<std::streamsize>(n));
+    }
+    size_ += n;
+  }
+  void pad(size_t n, int32_t id) {
+    std::vector<int32_t> ids(n, id);
+    std::vector<uint8_t> m(n, 0);
+    append(ids.data(), m.data(), n);
+  }
+  int64_t size() const { return static_cast<int64_t>(size_); }
+  result<token_windows> finish() {
+    if (prefix_.empty() || size_ == 0) return std::move(w);
+    tok_.close();
+    mask_.close();
+    if (!tok_ || !mask_) return make_error("{}: write failed (disk full?)", path(".tokens").string());
+    LP_TRY_ASSIGN(t, mapped_file::open(path(".tokens")));
+    LP_TRY_ASSIGN(m, mapped_file::open(path(".mask")));
+    w.mapped_tokens = reinterpret_cast<const int32_t*>(t->data());
+    w.mapped_mask = reinterpret_cast<const uint8_t*>(m->data());
+    w.mapping = std::make_shared<std::pair<std::shared_ptr<mapped_file>, std::shared_ptr<mapped_file>>>(t, m);
+    return std::move(w);
+  }
+  token_windows w;
+
+ private:
+  fs::path path(const char* ext) const { return fs::path(prefix_.string() + ext); }
+  fs::path prefix_;
+  std::ofstream tok_, mask_;
+  size_t size_ = 0;
+};
+
 // Windows over the examples `order`: packed back to back (the tail padded into one last window), or
 // one padded window per example.
-token_windows build_windows(const std::vector<tokenized_example>& exs, const std::vector<size_t>& order, int64_t T, bool packing,
-                            int32_t pad) {
-  token_windows w;
-  w.seq_len = T;
+result<token_windows> build_windows(example_store& exs, const std::vector<size_t>& order, int64_t T, bool packing, int32_t pad,
+                                    const fs::path& prefix) {
+  window_sink sink(prefix);
+  LP_TRY(sink.open());
+  sink.w.seq_len = T;
   if (packing) {
+    int64_t next_start = 0;
     for (size_t i : order) {
-      w.tokens.insert(w.tokens.end(), exs[i].ids.begin(), exs[i].ids.end());
-      w.mask.insert(w.mask.end(), exs[i].mask.begin(), exs[i].mask.end());
+      auto [ids, m] = exs.get(i);
+      sink.append(ids->data(), m->data(), ids->size());
+      for (; next_start + T + 1 <= sink.size(); next_start += T) sink.w.starts.push_back(next_start);
     }
-    int64_t s = 0;
-    const int64_t n = static_cast<int64_t>(w.tokens.size());
-    for (; s + T + 1 <= n; s += T) w.starts.push_back(s);
-    if (n - s > 1) {  // leftover targets: one more window, padded
-      w.tokens.resize(static_cast<size_t>(s + T + 1), pad);
-      w.mask.resize(static_cast<size_t>(s + T + 1), 0);
-      w.starts.push_back(s);
+    if (sink.size() - next_start > 1) {  // leftover targets: one more window, padded
+      sink.pad(static_cast<size_t>(next_start + T + 1 - sink.size()), pad);
+      sink.w.starts.push_back(next_start);
     }
   } else {
     for (size_t i : order) {
-      w.starts.push_back(static_cast<int64_t>(w.tokens.size()));
-      std::vector<int32_t> ids = exs[i].ids;
-      std::vector<uint8_t> m = exs[i].mask;
-      ids.resize(static_cast<size_t>(T + 1), pad);
-      m.resize(static_cast<size_t>(T + 1), 0);
-      w.tokens.insert(w.tokens.end(), ids.begin(), ids.end());
-      w.mask.insert(w.mask.end(), m.begin(), m.end());
+      auto [ids, m] = exs.get(i);
+      sink.w.starts.push_back(sink.size());
+      sink.append(ids->data(), m->data(), ids->size());
+      sink.pad(static_cast<size_t>(T + 1) - ids->size(), pad);
     }
   }
-  return w;
+  return sink.finish();
 }
 }  // namespace
 
@@ -236,13 +337,20 @@ result<instruct_dataset> load_instruct_dataset(const instruct_options& opt, cons
     builtin = std::move(b);
   }
   const chat_template& templ = opt.templ ? *opt.templ : builtin;
+  if (!opt.spill_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(opt.spill_dir, ec);
+    if (ec) return make_error("{}: cannot create the data cache folder: {}", opt.spill_dir.string(), ec.message());
+  }
 
   instruct_dataset ds;
   auto& st = ds.stats;
   st.format = fmt;
-  std::vector<tokenized_example> exs;
+  example_store exs(opt.spill_dir.empty() ? fs::path() : opt.spill_dir / "examples.bin");
+  LP_TRY(exs.open());
   LP_TRY_ASSIGN(reader, jsonl_reader::open(opt.path));
   const int64_t max_tokens = opt.seq_len + 1;
+  st.min_len = INT64_MAX;
   for (;;) {
     auto rec = reader.next();
     tokenized_example ex;
@@ -283,18 +391,9 @@ result<instruct_dataset> load_instruct_dataset(const instruct_options& opt, cons
       ++st.dropped;
       continue;
     }
-    st.tokens += static_cast<int64_t>(ex.ids.size());
+    const auto n = static_cast<int64_t>(ex.ids.size());
+    st.tokens += n;
     st.trained_tokens += trained;
-    if (ds.preview.size() < preview) ds.preview.push_back(ex);
-    ex.text.clear();  // only the previews keep their text
-    ex.text.shrink_to_fit();
-    exs.push_back(std::move(ex));
-  }
-  st.examples = static_cast<int64_t>(exs.size());
-  if (exs.empty()) return make_error("{}: no usable examples ({} records, {} skipped, {} dropped)", opt.path.string(), st.records, st.skipped, st.dropped);
-  st.min_len = INT64_MAX;
-  for (const auto& e : exs) {
-    const auto n = static_cast<int64_t>(e.ids.size());
     st.min_len = std::min(st.min_len, n);
     st.max_len = std::max(st.max_len, n);
     int64_t bound = 1;
@@ -302,7 +401,14 @@ result<instruct_dataset> load_instruct_dataset(const instruct_options& opt, cons
     auto it = std::find_if(st.histogram.begin(), st.histogram.end(), [&](const auto& h) { return h.first == bound; });
     if (it == st.histogram.end()) st.histogram.emplace_back(bound, 1);
     else ++it->second;
+    if (ds.preview.size() < preview) ds.preview.push_back(ex);
+    ex.text.clear();  // only the previews keep their text
+    ex.text.shrink_to_fit();
+    LP_TRY(exs.add(std::move(ex)));
   }
+  LP_TRY(exs.finish());
+  st.examples = static_cast<int64_t>(exs.size());
+  if (exs.size() == 0) return make_error("{}: no usable examples ({} records, {} skipped, {} dropped)", opt.path.string(), st.records, st.skipped, st.dropped);
   std::sort(st.histogram.begin(), st.histogram.end());
   st.mean_len = static_cast<double>(st.tokens) / static_cast<double>(exs.size());
 
@@ -314,8 +420,15 @@ result<instruct_dataset> load_instruct_dataset(const instruct_options& opt, cons
   std::vector<size_t> train_idx(order.begin(), order.end() - static_cast<std::ptrdiff_t>(n_val));
   std::vector<size_t> val_idx(order.end() - static_cast<std::ptrdiff_t>(n_val), order.end());
   const int32_t pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
-  ds.train = build_windows(exs, train_idx, opt.seq_len, opt.packing, pad);
-  ds.val = build_windows(exs, val_idx, opt.seq_len, opt.packing, pad);
+  const bool spill = !opt.spill_dir.empty();
+  LP_TRY_ASSIGN(train, build_windows(exs, train_idx, opt.seq_len, opt.packing, pad, spill ? opt.spill_dir / "train" : fs::path()));
+  LP_TRY_ASSIGN(val, build_windows(exs, val_idx, opt.seq_len, opt.packing, pad, spill ? opt.spill_dir / "val" : fs::path()));
+  ds.train = std::move(train);
+  ds.val = std::move(val);
+  if (spill) {
+    std::error_code ec;
+    fs::remove(opt.spill_dir / "examples.bin", ec);  // the windows files hold everything now
+  }
   if (ds.train.size() == 0) return make_error("{}: no training sequences", opt.path.string());
   return ds;
 }

@@ -56,6 +56,9 @@ struct instruct_options {
   bool add_bos = true, add_eos = true;  // around each example (EOS only when the template adds none)
   uint64_t seed = 1234;
   std::optional<chat_template> templ;   // chat/alpaca rendering; nullopt = the built-in template
+  // Non-empty: examples and windows are written to files here and memory-mapped, so only a small
+  // index per example stays in RAM (datasets larger than memory). Empty: everything in memory.
+  std::filesystem::path spill_dir;
   jinja::dict_t template_vars;          // bos_token, eos_token, ...
 };
 

@@ -32,6 +32,7 @@ struct project_config {
     bool packing = true;
     std::string truncation = "right";
     std::string on_error = "stop";
+    bool on_disk = false;
     int64_t seq_len = 128;
     double val_fraction = 0.05;
     bool add_bos = true;
@@ -103,6 +104,7 @@ void visit_fields(C& c, F&& f) {
   f("data.packing", c.data.packing, "JSONL data: pack examples back to back into seq_len sequences (else one padded example per sequence).");
   f("data.truncation", c.data.truncation, "Examples longer than seq_len+1 tokens: right (keep the start), left (keep the end) or drop.");
   f("data.on_error", c.data.on_error, "Malformed JSONL record: stop (error naming the line) or skip (count and continue).");
+  f("data.on_disk", c.data.on_disk, "JSONL data: keep the tokenised data in memory-mapped files under run.output_dir/data-cache (for data larger than RAM).");
   f("data.seq_len", c.data.seq_len, "Tokens per packed training sequence.");
   f("data.val_fraction", c.data.val_fraction, "Fraction of the token stream held out for validation (taken from the end).");
   f("data.add_bos", c.data.add_bos, "Start each document with BOS.");

@@ -42,7 +42,7 @@ std::pair<at::Tensor, at::Tensor> make_batch(const token_windows& w, const std::
     for (int64_t t = 0; t <= T; ++t) p[b * (T + 1) + t] = src[t];
   }
   auto labels = all.slice(1, 1, T + 1).clone();  // i64 [B,T]
-  if (!w.mask.empty()) {  // loss mask: -100 where the target token is not trained on
+  if (w.has_mask()) {  // loss mask: -100 where the target token is not trained on
     auto* l = labels.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
       const uint8_t* m = w.window_mask(idx[b]);
@@ -192,7 +192,7 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
                                                po);
   }
 
-  const bool masked = !data.train.mask.empty();
+  const bool masked = data.train.has_mask();
   epoch_sampler sampler(data.train.size(), static_cast<uint64_t>(cfg.run.seed));
   int64_t cursor = 0;
   double busy_s = 0;

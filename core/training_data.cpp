@@ -42,6 +42,7 @@ result<training_data> load_training_data(const project_config& cfg, const tokeni
   o.add_bos = cfg.data.add_bos;
   o.add_eos = cfg.data.add_eos;
   o.seed = static_cast<uint64_t>(cfg.run.seed);
+  if (cfg.data.on_disk) o.spill_dir = cfg.resolve(cfg.run.output_dir) / "data-cache";
   LP_TRY_ASSIGN(settings, load_tokenizer_settings(tok_dir));
   std::string source;
   if (cfg.data.chat_template == "auto" && !settings.chat_template.empty()) {

@@ -422,6 +422,22 @@ TEST(InstructDataset, QuizChatWithRealTokenizers) {
               static_cast<long long>(ds->stats.truncated), static_cast<long long>(ds->stats.dropped), static_cast<long long>(ds->stats.examples),
               static_cast<long long>(ds->stats.tokens), static_cast<long long>(ds->stats.trained_tokens), render_masked(ex, **sp).c_str());
 
+  // The same data spilled to memory-mapped files (data larger than RAM): identical windows, no vectors.
+  o.spill_dir = fs::temp_directory_path() / ("lorapipe_spill_" + std::to_string(::getpid()));
+  auto disk = load_instruct_dataset(o, **sp);
+  ASSERT_TRUE(disk) << disk.message();
+  EXPECT_TRUE(disk->train.tokens.empty() && disk->train.mask.empty());
+  ASSERT_EQ(disk->train.starts, ds->train.starts);
+  ASSERT_EQ(disk->val.starts, ds->val.starts);
+  for (int64_t i = 0; i < ds->train.size(); ++i) {
+    ASSERT_TRUE(std::equal(ds->train.window(i), ds->train.window(i) + 65, disk->train.window(i)));
+    ASSERT_TRUE(std::equal(ds->train.window_mask(i), ds->train.window_mask(i) + 65, disk->train.window_mask(i)));
+  }
+  EXPECT_EQ(disk->stats.trained_tokens, ds->stats.trained_tokens);
+  EXPECT_TRUE(fs::exists(o.spill_dir / "train.tokens"));
+  fs::remove_all(o.spill_dir);
+  o.spill_dir.clear();
+
   auto qwen = load_tokenizer(test_data_dir() / "tokenizers/qwen3");
   auto settings = load_tokenizer_settings(test_data_dir() / "tokenizers/qwen3");
   ASSERT_TRUE(qwen && settings);

@@ -128,6 +128,15 @@ TEST(Training, MaskedLossIsTokenWeightedAcrossAccumulationAndPipelines) {
   }
   std::printf("masked loss: batch 8 vs 4x2 accumulation vs 1f1b cpu:2 (4 micro-batches): max step-loss diff %.3g\n", worst);
   EXPECT_LT(worst, 1e-5);
+  // The same run with the tokenised data in memory-mapped files: bit-identical.
+  auto disk = quiz("mdisk", 3);
+  disk.run.sample_tokens = 0;
+  disk.data.on_disk = true;
+  recorder r4;
+  ASSERT_TRUE(run_training(disk, r4).ok());
+  auto l4 = r4.all<step_event>();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(l1[i].loss, l4[i].loss);
+  EXPECT_TRUE(fs::exists(fs::path(disk.run.output_dir) / "data-cache/train.tokens"));
   auto a = adapter_of(big), b = adapter_of(acc), q = adapter_of(pipe);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_LT((a[i] - b[i]).abs().max().item<double>(), 1e-5);
