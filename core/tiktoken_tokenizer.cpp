@@ -95,23 +95,12 @@ class tiktoken_tokenizer final : public tokenizer {
   result<encoding> encode_with_offsets(std::string_view text, bool parse_special) const override {
     if (auto bad = find_invalid_utf8(text); bad != std::string_view::npos) return make_error("invalid UTF-8 at byte {}", bad);
     encoding enc;
-    size_t pos = 0;
-    while (pos <= text.size()) {
-      size_t next = std::string_view::npos, len = 0;
-      int32_t special = -1;
-      if (parse_special)
-        for (const auto& [s, id] : specials_) {
-          const size_t f = text.find(s, pos);
-          if (f != std::string_view::npos && (next == std::string_view::npos || f < next)) next = f, len = s.size(), special = id;
-        }
-      const size_t end = next == std::string_view::npos ? text.size() : next;
-      const std::string_view seg = text.substr(pos, end - pos);
-      for (auto [b, e] : split_->find_all(seg)) encode_piece(seg.substr(b, e - b), pos + b, enc);
-      if (special < 0) break;
-      enc.ids.push_back(special);
-      enc.offsets.push_back(static_cast<uint32_t>(next));
-      pos = next + len;
-    }
+    static const std::vector<std::pair<std::string, int32_t>> none;
+    LP_TRY(split_on_specials(text, parse_special ? specials_ : none, enc, [&](size_t b, size_t e) -> status {
+      const std::string_view seg = text.substr(b, e - b);
+      for (auto [pb, pe] : split_->find_all(seg)) encode_piece(seg.substr(pb, pe - pb), b + pb, enc);
+      return ok_status();
+    }));
     return enc;
   }
   std::string decode(const std::vector<int32_t>& ids) const override {

@@ -26,6 +26,27 @@ std::string tokenizer::decode_continuation(const std::vector<int32_t>& prefix, c
   return decode(ids);
 }
 
+status split_on_specials(std::string_view text, const std::vector<std::pair<std::string, int32_t>>& specials, encoding& enc,
+                         const std::function<status(size_t, size_t)>& segment) {
+  size_t pos = 0;
+  for (;;) {
+    size_t next = std::string_view::npos, len = 0;
+    int32_t id = -1;
+    for (const auto& [s, sid] : specials) {
+      if (s.empty()) continue;
+      const size_t f = text.find(s, pos);
+      if (f != std::string_view::npos && (next == std::string_view::npos || f < next || (f == next && s.size() > len)))
+        next = f, len = s.size(), id = sid;
+    }
+    const size_t end = next == std::string_view::npos ? text.size() : next;
+    if (end > pos) LP_TRY(segment(pos, end));
+    if (id < 0) return ok_status();
+    enc.ids.push_back(id);
+    enc.offsets.push_back(static_cast<uint32_t>(next));
+    pos = next + len;
+  }
+}
+
 namespace {
 class sentencepiece_tokenizer final : public tokenizer {
  public:
@@ -34,34 +55,20 @@ class sentencepiece_tokenizer final : public tokenizer {
     if (auto bad = find_invalid_utf8(text); bad != std::string_view::npos)
       return make_error("invalid UTF-8 at byte {}", bad);
     encoding enc;
-    size_t pos = 0;
-    while (pos <= text.size()) {
-      // Next special token text (BOS/EOS pieces) when asked to parse them.
-      size_t next = std::string_view::npos, len = 0;
-      int32_t special = -1;
-      if (parse_special) {
-        for (int32_t id : {sp_->bos_id(), sp_->eos_id()}) {
-          if (id < 0) continue;
-          const std::string& piece = sp_->IdToPiece(id);
-          size_t f = text.find(piece, pos);
-          if (f != std::string_view::npos && (next == std::string_view::npos || f < next)) next = f, len = piece.size(), special = id;
-        }
+    std::vector<std::pair<std::string, int32_t>> specials;
+    if (parse_special)
+      for (int32_t id : {sp_->bos_id(), sp_->eos_id()})
+        if (id >= 0) specials.emplace_back(sp_->IdToPiece(id), id);
+    LP_TRY(split_on_specials(text, specials, enc, [&](size_t b, size_t e) -> status {
+      sentencepiece::ImmutableSentencePieceText spt;
+      auto st = sp_->Encode(absl::string_view(text.data() + b, e - b), spt.mutable_proto());
+      if (!st.ok()) return make_error("sentencepiece encode failed: {}", st.ToString());
+      for (const auto& p : spt.pieces()) {
+        enc.ids.push_back(static_cast<int32_t>(p.id()));
+        enc.offsets.push_back(static_cast<uint32_t>(b + p.begin()));
       }
-      const size_t end = next == std::string_view::npos ? text.size() : next;
-      if (end > pos) {
-        sentencepiece::ImmutableSentencePieceText spt;
-        auto st = sp_->Encode(absl::string_view(text.data() + pos, end - pos), spt.mutable_proto());
-        if (!st.ok()) return make_error("sentencepiece encode failed: {}", st.ToString());
-        for (const auto& p : spt.pieces()) {
-          enc.ids.push_back(static_cast<int32_t>(p.id()));
-          enc.offsets.push_back(static_cast<uint32_t>(pos + p.begin()));
-        }
-      }
-      if (special < 0) break;
-      enc.ids.push_back(special);
-      enc.offsets.push_back(static_cast<uint32_t>(next));
-      pos = next + len;
-    }
+      return ok_status();
+    }));
     return enc;
   }
   std::string decode(const std::vector<int32_t>& ids) const override {

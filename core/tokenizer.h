@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,12 @@ class tokenizer {
   // Text of `ids` as it continues `prefix` (SentencePiece drops a leading space on its own).
   std::string decode_continuation(const std::vector<int32_t>& prefix, const std::vector<int32_t>& ids) const;
 };
+
+// Splits `text` at special-token strings (leftmost match, longest on ties): calls segment(begin, end)
+// for the text between them and appends each special token's id and offset to `enc`. Shared by the
+// SentencePiece and tiktoken tokenizers (tokenizer.json has its own added-token rules).
+status split_on_specials(std::string_view text, const std::vector<std::pair<std::string, int32_t>>& specials, encoding& enc,
+                         const std::function<status(size_t, size_t)>& segment);
 
 // What tokenizer_config.json next to a tokenizer says (all optional).
 struct tokenizer_settings {

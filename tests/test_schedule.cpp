@@ -18,7 +18,7 @@ schedule_options opts(int p, int m, bool offload = false) {
   o.offload_activations = offload;
   return o;
 }
-int count(const program& p, op k, int stage = -1) {
+[[maybe_unused]] int count(const program& p, op k, int stage = -1) {
   int n = 0;
   for (const auto& d : p.devices)
     for (const auto& i : d) n += i.kind == k && (stage < 0 || i.stage == stage);
