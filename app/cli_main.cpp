@@ -104,9 +104,7 @@ int cmd_generate(const generate_args& a) {
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     if (!a.system.empty()) msgs.push_back({{"role", "system"}, {"content", a.system}});
     msgs.push_back({{"role", "user"}, {"content", a.prompt}});
-    auto name = [&](int32_t id, const std::string& s) { return !s.empty() ? s : id >= 0 ? (*tok)->id_to_token(id) : std::string(); };
-    auto rendered = templ->render(msgs, true, {{"bos_token", name((*tok)->bos_id(), settings->bos_token)},
-                                               {"eos_token", name((*tok)->eos_id(), settings->eos_token)}});
+    auto rendered = templ->render(msgs, true, special_token_vars(**tok, *settings));
     if (!rendered) return fail(rendered.message());
     text = *rendered;
   }

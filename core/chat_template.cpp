@@ -16,6 +16,13 @@ const std::string& chat_template::builtin_source() {
   return src;
 }
 
+jinja::dict_t special_token_vars(const tokenizer& tok, const tokenizer_settings& settings) {
+  auto name = [&](int32_t id, const std::string& configured) {
+    return !configured.empty() ? configured : id >= 0 ? tok.id_to_token(id) : std::string();
+  };
+  return {{"bos_token", name(tok.bos_id(), settings.bos_token)}, {"eos_token", name(tok.eos_id(), settings.eos_token)}};
+}
+
 result<chat_template> chat_template::parse(const std::string& source) {
   auto p = jinja::template_program::parse(source);
   if (!p) return make_error("chat template: {}", p.message());

@@ -11,6 +11,7 @@
 
 #include "core/jinja.h"
 #include "core/result.h"
+#include "core/tokenizer.h"
 
 namespace lorapipe {
 
@@ -18,6 +19,9 @@ struct rendered_chat {
   std::string text;
   std::vector<std::pair<size_t, size_t>> assistant_spans;  // [begin, end) bytes in text, in order
 };
+
+// bos_token / eos_token for a template: tokenizer_config.json's names, else the tokenizer's own.
+jinja::dict_t special_token_vars(const tokenizer& tok, const tokenizer_settings& settings);
 
 class chat_template {
  public:

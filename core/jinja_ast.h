@@ -35,4 +35,12 @@ struct node {
   int line = 0;
 };
 
+// Python semantics used by the renderer (jinja_value.cpp).
+bool values_equal(const value& a, const value& b);
+result<int> compare(const value& a, const value& b);
+result<std::vector<value>> iterate(const value& v);  // list items, dict keys, string characters
+int64_t length_of(const value& v);
+// Binary operators: == != < > <= >= in ~ + - * / // % ** ("line" for error messages).
+result<value> binary_op(const std::string& op, const value& a, const value& b, int line);
+
 }  // namespace lorapipe::jinja

@@ -28,71 +28,6 @@ std::string strip_chars(const std::string& s, const value* chars, bool left, boo
   return s.substr(b, e - b);
 }
 
-bool values_equal(const value& a, const value& b) {
-  if (a.is_number() && b.is_number()) return a.as_number() == b.as_number();
-  if ((a.is_bool() && b.is_number()) || (a.is_number() && b.is_bool())) return a.as_number() == b.as_number();
-  if (a.raw().index() != b.raw().index()) return false;
-  if (a.is_none() || a.is_undefined()) return true;
-  if (a.is_bool()) return a.as_bool() == b.as_bool();
-  if (a.is_string()) return a.as_string() == b.as_string();
-  if (a.is_list()) {
-    if (a.as_list().size() != b.as_list().size()) return false;
-    for (size_t i = 0; i < a.as_list().size(); ++i)
-      if (!values_equal(a.as_list()[i], b.as_list()[i])) return false;
-    return true;
-  }
-  if (a.is_dict()) {
-    if (a.as_dict().size() != b.as_dict().size()) return false;
-    for (const auto& [k, v] : a.as_dict()) {
-      const value* o = b.find(k);
-      if (o == nullptr || !values_equal(v, *o)) return false;
-    }
-    return true;
-  }
-  return &a.raw() == &b.raw();
-}
-
-result<int> compare(const value& a, const value& b) {
-  if ((a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool())) {
-    const double x = a.as_number(), y = b.as_number();
-    return x < y ? -1 : x > y ? 1 : 0;
-  }
-  if (a.is_string() && b.is_string()) return a.as_string() < b.as_string() ? -1 : a.as_string() > b.as_string() ? 1 : 0;
-  return make_error("'<' not supported between instances of '{}' and '{}'", a.type_name(), b.type_name());
-}
-
-result<std::vector<value>> iterate(const value& v) {
-  if (v.is_list()) return v.as_list();
-  if (v.is_dict()) {
-    std::vector<value> keys;
-    for (const auto& [k, e] : v.as_dict()) keys.emplace_back(k);
-    return keys;
-  }
-  if (v.is_string()) {
-    std::vector<value> chars;
-    const auto& s = v.as_string();
-    for (size_t i = 0; i < s.size();) {
-      const size_t b = i;
-      i += utf8_len(static_cast<unsigned char>(s[i]));
-      chars.emplace_back(s.substr(b, i - b));
-    }
-    return chars;
-  }
-  if (v.is_undefined()) return std::vector<value>{};
-  return make_error("'{}' object is not iterable", v.type_name());
-}
-
-int64_t length_of(const value& v) {
-  if (v.is_string()) {
-    int64_t n = 0;
-    for (unsigned char c : v.as_string()) n += (c & 0xc0) != 0x80;
-    return n;
-  }
-  if (v.is_list()) return static_cast<int64_t>(v.as_list().size());
-  if (v.is_dict()) return static_cast<int64_t>(v.as_dict().size());
-  return 0;
-}
-
 class renderer {
  public:
   renderer(const dict_t& globals, std::vector<std::pair<size_t, size_t>>* spans) : spans_(spans) {
@@ -290,7 +225,6 @@ class renderer {
   result<value> get_item(const value& obj, const value& key, int line);
   result<value> apply_filter(const std::string& name, const value& v, const call_args& a, int line);
   result<bool> apply_test(const std::string& name, const value& v, const std::vector<value>& args, int line);
-  result<value> binary(const std::string& op, const value& a, const value& b, int line);
 
   std::vector<std::unordered_map<std::string, value>> frames_;
   std::vector<std::pair<size_t, size_t>>* spans_;
@@ -420,64 +354,6 @@ result<value> renderer::get_item(const value& obj, const value& key, int line) {
   return make_error("line {}: cannot index {} with {}", line, obj.type_name(), key.type_name());
 }
 
-result<value> renderer::binary(const std::string& op, const value& a, const value& b, int line) {
-  if (op == "==") return value(values_equal(a, b));
-  if (op == "!=") return value(!values_equal(a, b));
-  if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-    auto c = compare(a, b);
-    if (!c) return make_error("line {}: {}", line, c.message());
-    return value(op == "<" ? *c < 0 : op == ">" ? *c > 0 : op == "<=" ? *c <= 0 : *c >= 0);
-  }
-  if (op == "in") {
-    if (b.is_string() && a.is_string()) return value(b.as_string().find(a.as_string()) != std::string::npos);
-    if (b.is_list()) {
-      for (const auto& e : b.as_list())
-        if (values_equal(e, a)) return value(true);
-      return value(false);
-    }
-    if (b.is_dict()) return value(a.is_string() && b.find(a.as_string()) != nullptr);
-    if (b.is_undefined()) return make_error("line {}: '{}' is undefined (right of 'in')", line, b.as_undefined().name);
-    return make_error("line {}: argument of type '{}' is not iterable", line, b.type_name());
-  }
-  if (op == "~") return value(to_output(a) + to_output(b));
-  if (op == "+") {
-    if (a.is_string() && b.is_string()) return value(a.as_string() + b.as_string());
-    if (a.is_list() && b.is_list()) {
-      list_t l = a.as_list();
-      l.insert(l.end(), b.as_list().begin(), b.as_list().end());
-      return value(std::move(l));
-    }
-  }
-  if (op == "*" && a.is_string() && b.is_int()) {
-    if (static_cast<double>(a.as_string().size()) * static_cast<double>(b.as_int()) > 64e6)
-      return make_error("line {}: string repetition larger than 64 MB", line);
-    std::string s;
-    for (int64_t i = 0; i < b.as_int(); ++i) s += a.as_string();
-    return value(s);
-  }
-  const bool num = (a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool());
-  if (!num) {
-    if (a.is_undefined() || b.is_undefined())
-      return make_error("line {}: '{}' is undefined (operand of '{}')", line, (a.is_undefined() ? a : b).as_undefined().name, op);
-    return make_error("line {}: unsupported operand type(s) for {}: '{}' and '{}'", line, op, a.type_name(), b.type_name());
-  }
-  const bool ints = (a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool());
-  const int64_t x = ints ? static_cast<int64_t>(a.as_number()) : 0, y = ints ? static_cast<int64_t>(b.as_number()) : 0;
-  const double dx = a.as_number(), dy = b.as_number();
-  if (op == "+") return ints ? value(x + y) : value(dx + dy);
-  if (op == "-") return ints ? value(x - y) : value(dx - dy);
-  if (op == "*") return ints ? value(x * y) : value(dx * dy);
-  if (op == "**") return ints && y >= 0 ? value(static_cast<int64_t>(std::llround(std::pow(dx, dy)))) : value(std::pow(dx, dy));
-  if (dy == 0) return make_error("line {}: division by zero", line);
-  if (op == "/") return value(dx / dy);
-  if (op == "//") return ints ? value(static_cast<int64_t>(std::floor(dx / dy))) : value(std::floor(dx / dy));
-  if (op == "%") {
-    if (ints) { int64_t m = x % y; if (m != 0 && ((m < 0) != (y < 0))) m += y; return value(m); }
-    return value(dx - dy * std::floor(dx / dy));
-  }
-  return make_error("line {}: unknown operator {}", line, op);
-}
-
 result<value> renderer::eval(const expr& e) {
   switch (e.k) {
     case expr::kind::literal: return e.lit;
@@ -596,7 +472,7 @@ result<value> renderer::eval(const expr& e) {
     case expr::kind::binary: {
       LP_TRY_ASSIGN(a, eval(*e.args[0]));
       LP_TRY_ASSIGN(b, eval(*e.args[1]));
-      LP_TRY_ASSIGN(r, binary(e.name, a, b, e.line));
+      LP_TRY_ASSIGN(r, binary_op(e.name, a, b, e.line));
       if (e.negate) return value(!r.truthy());
       return r;
     }
@@ -653,7 +529,7 @@ result<bool> renderer::apply_test(const std::string& name, const value& v, const
   for (const auto& [n, op] : cmp)
     if (name == n) {
       if (args.empty()) return make_error("line {}: test '{}' needs an argument", line, name);
-      LP_TRY_ASSIGN(r, binary(op, v, args[0], line));
+      LP_TRY_ASSIGN(r, binary_op(op, v, args[0], line));
       return r.truthy();
     }
   return make_error("line {}: unsupported Jinja test '{}'", line, name);

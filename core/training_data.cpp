@@ -60,8 +60,7 @@ result<training_data> load_training_data(const project_config& cfg, const tokeni
   auto templ = chat_template::parse(source);
   if (!templ) return make_error("data.chat_template ({}): {}", td.template_source, templ.message());
   o.templ = std::move(*templ);
-  auto name = [&](int32_t id, const std::string& configured) { return !configured.empty() ? configured : id >= 0 ? tok.id_to_token(id) : std::string(); };
-  o.template_vars = {{"bos_token", name(tok.bos_id(), settings.bos_token)}, {"eos_token", name(tok.eos_id(), settings.eos_token)}};
+  o.template_vars = special_token_vars(tok, settings);
   auto ds = load_instruct_dataset(o, tok, preview);
   if (!ds) return make_error("data.train: {}", ds.message());
   td.train = std::move(ds->train);
