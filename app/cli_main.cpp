@@ -1,4 +1,5 @@
-// lorapipe-cli: the headless front end. Subcommands: train, generate, tokenize, export, init, validate,
+// lorapipe-cli: the headless front end and its one option table. Subcommands: train, resume, eval,
+// runs list|show|compare (cli_train.cpp, cli_runs.cpp), generate, tokenize, export, init, validate,
 // plan, data inspect.
 // Results go to stdout, logs and progress to stderr. Every failure is one clear message and exit 1.
 #include <unistd.h>
@@ -15,6 +16,7 @@
 
 #include "app/cli_data.h"
 #include "app/cli_printer.h"
+#include "app/cli_runs.h"
 #include "core/chat_template.h"
 #include "core/errors.h"
 #include "core/generate.h"
@@ -39,34 +41,7 @@ extern "C" void on_sigint(int) {
   if (g_stop.exchange(true)) std::_Exit(130);  // second Ctrl-C: leave now
 }
 
-int fail(const std::string& msg) {
-  std::fputs(fmt::format("error: {}\n", msg).c_str(), stderr);
-  return 1;
-}
-
-struct train_args {
-  std::string project;
-  int64_t steps = -1;
-  std::string output, devices, schedule;
-  int64_t threads = -1;
-  bool json = false;
-};
-
-int cmd_train(const train_args& a) {
-  auto p = load_project(a.project);
-  if (!p) return fail(p.message());
-  auto& cfg = *p;
-  if (a.steps >= 0) cfg.run.steps = a.steps;
-  if (!a.output.empty()) cfg.run.output_dir = fs::absolute(a.output).string();
-  if (!a.devices.empty()) cfg.parallel.devices = a.devices;
-  if (!a.schedule.empty()) cfg.parallel.schedule = a.schedule;
-  if (a.threads >= 0) cfg.run.threads = a.threads;
-  cli_printer printer(a.json, isatty(STDERR_FILENO) != 0);
-  std::signal(SIGINT, on_sigint);
-  auto r = run_training(cfg, printer, &g_stop);
-  if (!r) return fail(r.message());
-  return 0;
-}
+int fail(const std::string& msg) { return cli_fail(msg); }
 
 struct generate_args {
   std::string model, adapter, tokenizer, prompt, dtype = "float32";
@@ -265,6 +240,41 @@ int main(int argc, char** argv) {
   train->add_option("--schedule", ta.schedule, "Override parallel.schedule (single)");
   train->add_option("--threads", ta.threads, "Override run.threads");
   train->add_flag("--json", ta.json, "Print events as JSON lines on stderr");
+  train->add_option("--db", ta.db, "Run database (default: run.database, $LORAPIPE_DB or the XDG data dir)");
+
+  resume_args ra;
+  auto* resume = app.add_subcommand("resume", "Continue an interrupted or crashed run from its newest checkpoint");
+  resume->add_option("run", ra.run, "Run id (lorapipe-cli runs list)")->required()->check(CLI::PositiveNumber);
+  resume->add_option("--checkpoint", ra.checkpoint, "Continue from the checkpoint at this step instead of the newest");
+  resume->add_option("--db", ra.db, "Run database");
+  resume->add_flag("--json", ra.json, "Print events as JSON lines on stderr");
+
+  eval_args ea;
+  auto* eval = app.add_subcommand("eval", "Perplexity of a model (+ adapter) on a project's validation split or a data file");
+  eval->add_option("project", ea.project, "Project file (model, tokenizer and data settings)");
+  eval->add_option("--run", ea.run, "Evaluate this run's adapter with its configuration and record the result")->check(CLI::PositiveNumber);
+  eval->add_option("--adapter", ea.adapter, "PEFT adapter folder (default with --run: the run's adapter; else none)");
+  eval->add_option("--data", ea.data, "Evaluate on this whole file instead of the validation split");
+  eval->add_option("--db", ea.db, "Run database");
+  eval->add_flag("--json", ea.json, "Machine-readable output");
+
+  std::string runs_db;
+  int64_t runs_limit = 50, show_id = 0, cmp_a = 0, cmp_b = 0;
+  bool runs_json = false;
+  auto* runs = app.add_subcommand("runs", "The run database: list, show, compare");
+  runs->require_subcommand(1);
+  runs->add_option("--db", runs_db, "Run database")->configurable();
+  auto* runs_list = runs->add_subcommand("list", "Recorded runs, newest first");
+  runs_list->add_option("--limit", runs_limit, "At most this many")->check(CLI::PositiveNumber);
+  auto* runs_show = runs->add_subcommand("show", "One run: status, config hash, hardware, metric summary, checkpoints");
+  runs_show->add_option("run", show_id, "Run id")->required();
+  auto* runs_cmp = runs->add_subcommand("compare", "Two runs: config differences and metric summaries side by side");
+  runs_cmp->add_option("a", cmp_a, "Run id")->required();
+  runs_cmp->add_option("b", cmp_b, "Run id")->required();
+  for (auto* sc : {runs_list, runs_show, runs_cmp}) {
+    sc->add_flag("--json", runs_json, "Machine-readable output");
+    sc->add_option("--db", runs_db, "Run database");
+  }
 
   generate_args ga;
   auto* gen = app.add_subcommand("generate", "Generate text (stdout: the continuation only)");
@@ -290,8 +300,14 @@ int main(int argc, char** argv) {
 
   std::string ex_model, ex_adapter, ex_out, ex_dtype = "float32";
   auto* exp = app.add_subcommand("export", "Merge an adapter into the base weights and write an HF folder");
-  exp->add_option("--model", ex_model, "Base model")->required();
-  exp->add_option("--adapter", ex_adapter, "PEFT adapter folder")->required();
+  int64_t ex_run = 0;
+  std::string ex_format = "merged", ex_db;
+  exp->add_option("--model", ex_model, "Base model");
+  exp->add_option("--adapter", ex_adapter, "PEFT adapter folder");
+  exp->add_option("--run", ex_run, "Export this run's adapter (model and adapter from the run database)")->check(CLI::PositiveNumber);
+  exp->add_option("--format", ex_format, "merged (HF folder with W + scale*B*A) or peft (the adapter folder)")
+      ->check(CLI::IsMember({"merged", "peft"}));
+  exp->add_option("--db", ex_db, "Run database (with --run)");
   exp->add_option("--output", ex_out, "Output folder")->required();
   exp->add_option("--dtype", ex_dtype, "dtype of the merged weights");
 
@@ -329,9 +345,32 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*train) return cmd_train(ta);
+    if (*train || *resume) std::signal(SIGINT, on_sigint);
+    if (*train) return cmd_train(ta, g_stop);
+    if (*resume) return cmd_resume(ra, g_stop);
+    if (*eval) return cmd_eval(ea);
+    if (*runs_list) return cmd_runs_list(runs_db, runs_limit, runs_json);
+    if (*runs_show) return cmd_runs_show(runs_db, show_id, runs_json);
+    if (*runs_cmp) return cmd_runs_compare(runs_db, cmp_a, cmp_b, runs_json);
     if (*gen) return cmd_generate(ga);
     if (*tokz) return cmd_tokenize(tok_path, tok_json);
+    if (*exp && ex_run > 0) {
+      auto src = run_export_sources(ex_db, ex_run);
+      if (!src) return fail(src.message());
+      ex_model = src->first;
+      ex_adapter = src->second;
+    }
+    if (*exp && (ex_model.empty() || ex_adapter.empty())) return fail("export needs --run ID, or --model and --adapter");
+    if (*exp && ex_format == "peft") {
+      auto w = load_llama(ex_model, {at::kFloat});
+      if (!w) return fail(w.message());
+      auto l = load_peft_adapter(ex_adapter, *w);  // checked against the model before it is written
+      if (!l) return fail(l.message());
+      auto st = save_peft_adapter(*l, ex_out);
+      if (!st) return fail(st.message());
+      std::fputs(fmt::format("PEFT adapter written to {}\n", ex_out).c_str(), stderr);
+      return 0;
+    }
     if (*exp) return cmd_export(ex_model, ex_adapter, ex_out, ex_dtype);
     if (*init && init_fields) {
       std::cout << project_field_table();

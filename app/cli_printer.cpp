@@ -39,7 +39,10 @@ void cli_printer::on_event(const engine_event& ev) {
                     {"lr", e.lr}, {"grad_norm", e.grad_norm}, {"tokens_per_s", e.tokens_per_s},
                     {"elapsed_s", e.elapsed_s}};
           else if constexpr (std::is_same_v<T, eval_event>)
-            return {{"event", "eval"}, {"step", e.step}, {"val_loss", e.val_loss}};
+            return {{"event", "eval"}, {"step", e.step}, {"val_loss", e.val_loss}, {"tokens", e.tokens}};
+          else if constexpr (std::is_same_v<T, checkpoint_event>)
+            return {{"event", "checkpoint"}, {"step", e.step}, {"path", e.path}, {"sha256", e.sha256},
+                    {"bytes", e.bytes}, {"removed_steps", e.removed_steps}};
           else if constexpr (std::is_same_v<T, sample_event>)
             return {{"event", "sample"}, {"when", e.when}, {"prompt", e.prompt}, {"text", e.text}};
           else if constexpr (std::is_same_v<T, log_event>)
@@ -63,7 +66,8 @@ void cli_printer::on_event(const engine_event& ev) {
               e.val_sequences, e.total_steps, e.tokens_per_step, e.threads);
         } else if constexpr (std::is_same_v<T, step_event>) {
           loss_ema_ = loss_ema_ < 0 ? e.loss : 0.9 * loss_ema_ + 0.1 * e.loss;
-          const double eta = e.elapsed_s / e.step * (e.total_steps - e.step);
+          const double eta = e.elapsed_s / static_cast<double>(std::max<int64_t>(1, e.step - e.start_step)) *
+                             static_cast<double>(e.total_steps - e.step);
           if (tty_) {
             if (e.elapsed_s - last_print_s_ < 0.1 && e.step != e.total_steps) return;
             last_print_s_ = e.elapsed_s;
@@ -79,6 +83,8 @@ void cli_printer::on_event(const engine_event& ev) {
         } else if constexpr (std::is_same_v<T, eval_event>) {
           end_bar();
           err("step {}: validation loss {:.4f}\n", e.step, e.val_loss);
+        } else if constexpr (std::is_same_v<T, checkpoint_event>) {
+          if (!tty_) err("step {}: checkpoint {} ({:.1f} KiB)\n", e.step, e.path, static_cast<double>(e.bytes) / 1024.0);
         } else if constexpr (std::is_same_v<T, sample_event>) {
           end_bar();
           err("sample {} training: \"{}\" ->{}\n", e.when, e.prompt, e.text);

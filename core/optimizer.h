@@ -34,6 +34,7 @@ class adamw {
   std::vector<at::Tensor>& exp_avg() { return m_; }
   std::vector<at::Tensor>& exp_avg_sq() { return v_; }
   void set_steps_taken(int64_t t) { t_ = t; }
+  const std::vector<at::Tensor>& params() const { return params_; }
 
  private:
   std::vector<at::Tensor> params_, m_, v_;

@@ -488,6 +488,22 @@ void pipeline_executor::flush() {
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.master[i]);
 }
 
+std::vector<adamw*> pipeline_executor::optimizers() {
+  auto& s = *d_;
+  if (s.po.async_optimizer) {
+    flush();
+    if (s.master.empty()) {
+      torch::NoGradGuard ng;
+      for (const auto& p : s.lora.parameters()) s.master.push_back(p.detach().clone());
+      s.master_opt = std::make_unique<adamw>(s.master, s.opt_cfg);
+    }
+    return {s.master_opt.get()};
+  }
+  std::vector<adamw*> out;
+  for (auto& [stage, o] : s.optim) out.push_back(o.get());
+  return out;
+}
+
 pipeline_executor::~pipeline_executor() {
   if (d_->pending.valid()) d_->pending.wait();
   for (auto* d : d_->devs) d->weight_upload().submit(0, [] {}).wait();  // uploads still reference this executor

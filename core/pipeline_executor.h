@@ -75,6 +75,9 @@ class pipeline_executor {
   // Async optimizer: waits for the pending step and installs its result in the LoRA weights (call
   // before saving or evaluating). No-op otherwise.
   void flush();
+  // The AdamW instances that own the LoRA state (per stepping stage; with the async optimizer the
+  // one on the master copies, whose parameters line up with lora.parameters()). Flushes first.
+  std::vector<adamw*> optimizers();
 
  private:
   struct impl;

@@ -11,6 +11,7 @@
 
 #include "core/json_parse.h"
 
+#include "core/llama_config.h"
 #include "core/lora_target.h"
 #include "core/safetensors.h"
 
@@ -73,15 +74,25 @@ void collect_leaves(const json& j, const std::string& prefix, std::vector<std::s
   }
 }
 
+// Schema migrations, one step per version, applied to the JSON before it is read.
+void migrate_1_to_2(json& j) {
+  if (j.contains("parallel") && j["parallel"].is_object() && j["parallel"].contains("async_optimizer") &&
+      (!j.contains("optimizer") || j["optimizer"].is_object())) {
+    j["optimizer"]["asynchronous"] = j["parallel"]["async_optimizer"];
+    j["parallel"].erase("async_optimizer");
+  }
+}
+
 }  // namespace
 
-result<project_config> parse_project(const std::string& text, const fs::path& project_file) {
+result<project_config> parse_project(const std::string& text, const fs::path& project_file, int64_t* migrated_from) {
   const std::string label = project_file.string();
   json j = parse_json_or_discarded(text);
   if (j.is_discarded()) {
     // Re-parse with exceptions to get the position of the syntax error.
     try {
-      (void)json::parse(text);
+      auto reparsed = json::parse(text);
+      (void)reparsed;
     } catch (const json::exception& e) {
       return make_error("{}: malformed JSON: {}", label, e.what());
     }
@@ -92,10 +103,16 @@ result<project_config> parse_project(const std::string& text, const fs::path& pr
   c.base_dir = project_file.parent_path();
   std::vector<std::string> problems;
   std::set<std::string> known;
-  if (auto* v = find_path(j, "schema_version"); v != nullptr && v->is_number_integer() &&
-                                                v->get<int64_t>() > project_schema_version)
-    return make_error("{}: schema_version {} is newer than this build understands ({})", label, v->get<int64_t>(),
-                      project_schema_version);
+  if (auto* v = find_path(j, "schema_version"); v != nullptr && v->is_number_integer()) {
+    const int64_t version = v->get<int64_t>();
+    if (version > project_schema_version)
+      return make_error("{}: schema_version {} is newer than this build understands ({})", label, version, project_schema_version);
+    if (version >= 1 && version < project_schema_version) {
+      if (version < 2) migrate_1_to_2(j);
+      j["schema_version"] = project_schema_version;
+      if (migrated_from != nullptr) *migrated_from = version;
+    }
+  }
   visit_fields(c, [&](const char* path, auto& member, const char*) {
     known.insert(path);
     const json* v = find_path(j, path);
@@ -106,7 +123,9 @@ result<project_config> parse_project(const std::string& text, const fs::path& pr
   std::vector<std::string> leaves;
   collect_leaves(j, "", leaves);
   for (const auto& l : leaves)
-    if (!known.count(l)) problems.push_back(fmt::format("{}: unknown field", l));
+    if (!known.count(l))
+      problems.push_back(l == "parallel.async_optimizer" ? fmt::format("{}: unknown field (schema_version 2 calls it optimizer.asynchronous)", l)
+                                                         : fmt::format("{}: unknown field", l));
   if (!problems.empty()) return make_error("{}: {}", label, fmt::join(problems, fmt::format("\n{}: ", label)));
   return c;
 }
@@ -122,7 +141,8 @@ status validate_project(const project_config& c) {
     if (!ok) p.push_back(fmt::format("{}: {}", field, msg));
   };
   std::error_code ec;
-  need(c.schema_version >= 1, "schema_version", "must be 1");
+  need(c.schema_version >= 1 && c.schema_version <= project_schema_version, "schema_version",
+       fmt::format("must be between 1 and {}", project_schema_version));
   need(!c.model.path.empty(), "model.path", "is required");
   if (!c.model.path.empty()) need(fs::exists(c.resolve(c.model.path), ec), "model.path", fmt::format("{} does not exist", c.resolve(c.model.path).string()));
   need(c.model.dtype == "float32" || c.model.dtype == "bfloat16" || c.model.dtype == "float16", "model.dtype",
@@ -146,6 +166,15 @@ status validate_project(const project_config& c) {
   need(c.data.seq_len >= 2 && c.data.seq_len <= 1 << 20, "data.seq_len", "must be between 2 and 1048576");
   need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in [0, 1)");
   need(c.lora.r >= 1, "lora.r", "must be at least 1");
+  if (!c.model.path.empty() && fs::is_regular_file(c.resolve(c.model.path) / "config.json", ec)) {
+    auto mc = load_llama_config(c.resolve(c.model.path) / "config.json");
+    if (!mc) p.push_back(fmt::format("model.path: {}", mc.message()));
+    else {
+      need(c.lora.r <= mc->hidden_size, "lora.r", fmt::format("must be <= hidden_size ({})", mc->hidden_size));
+      need(c.data.seq_len <= mc->max_position_embeddings, "data.seq_len",
+           fmt::format("must be <= the model's context length ({})", mc->max_position_embeddings));
+    }
+  }
   need(c.lora.alpha > 0, "lora.alpha", "must be positive");
   need(c.lora.dropout >= 0 && c.lora.dropout < 1, "lora.dropout", "must be in [0, 1)");
   need(!c.lora.targets.empty(), "lora.targets", "must name at least one projection");
@@ -180,10 +209,11 @@ status validate_project(const project_config& c) {
   need(c.parallel.threads_per_device >= 1 && c.parallel.threads_per_device <= 256, "parallel.threads_per_device", "must be in 1..256");
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
        "must be stage or layer");
-  need(!c.parallel.async_optimizer || pipelined, "parallel.async_optimizer", "needs a pipeline schedule");
+  need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");
   need(c.offload.device_memory_mb >= 0, "offload.device_memory_mb", "must be non-negative");
   need(c.offload.copy_gbps >= 0, "offload.copy_gbps", "must be non-negative");
   need(c.run.steps >= 0, "run.steps", "must be non-negative");
+  need(c.run.epochs >= 0 && c.run.epochs <= 1e6, "run.epochs", "must be between 0 and 1e6");
   need(c.run.batch_size >= 1, "run.batch_size", "must be at least 1");
   need(c.run.grad_accum >= 1, "run.grad_accum", "must be at least 1");
   need(c.run.eval_interval >= 0, "run.eval_interval", "must be non-negative");
@@ -191,6 +221,8 @@ status validate_project(const project_config& c) {
   need(c.run.threads >= 0 && c.run.threads <= 1024, "run.threads", "must be between 0 and 1024");
   need(!c.run.output_dir.empty(), "run.output_dir", "is required");
   need(c.run.sample_tokens >= 0, "run.sample_tokens", "must be non-negative");
+  need(c.run.checkpoint_interval >= 0, "run.checkpoint_interval", "must be non-negative");
+  need(c.run.keep_checkpoints >= 0, "run.keep_checkpoints", "must be non-negative");
   if (!p.empty()) return error{fmt::format("{}", fmt::join(p, "\n"))};
   return ok_status();
 }
@@ -214,6 +246,21 @@ std::string project_to_json(const project_config& c) {
     *node = member;
   });
   return j.dump(2) + "\n";
+}
+
+project_config with_absolute_paths(const project_config& c) {
+  project_config a = c;
+  auto abs = [&](std::string& p) {
+    if (!p.empty()) p = fs::absolute(c.resolve(p)).lexically_normal().string();
+  };
+  abs(a.model.path);
+  abs(a.tokenizer.path);
+  abs(a.data.train);
+  if (a.data.chat_template != "auto" && a.data.chat_template != "builtin") abs(a.data.chat_template);
+  abs(a.lora.init_adapter);
+  abs(a.run.output_dir);
+  abs(a.run.database);
+  return a;
 }
 
 std::string project_field_table() {

@@ -12,7 +12,9 @@
 
 namespace lorapipe {
 
-inline constexpr int64_t project_schema_version = 1;
+// 2: parallel.async_optimizer moved to optimizer.asynchronous; run.checkpoint_interval,
+//    run.keep_checkpoints and run.database added. Older files are migrated when read.
+inline constexpr int64_t project_schema_version = 2;
 
 struct project_config {
   int64_t schema_version = project_schema_version;
@@ -54,6 +56,7 @@ struct project_config {
     int64_t warmup_steps = 20;
     double min_lr_ratio = 0.1;
     double grad_clip = 1.0;
+    bool asynchronous = false;
   } optimizer;
   struct {
     std::string devices = "cpu";
@@ -61,7 +64,6 @@ struct project_config {
     int64_t micro_batches = 4;
     int64_t virtual_stages = 2;
     int64_t threads_per_device = 1;
-    bool async_optimizer = false;
   } parallel;
   struct {
     bool stream_weights = true;
@@ -74,6 +76,7 @@ struct project_config {
   struct {
     int64_t seed = 1234;
     int64_t steps = 200;
+    double epochs = 0;
     int64_t batch_size = 8;
     int64_t grad_accum = 1;
     int64_t eval_interval = 50;
@@ -83,6 +86,9 @@ struct project_config {
     std::string sample_prompt = "Once upon a time";
     int64_t sample_tokens = 48;
     bool save_merged = false;
+    int64_t checkpoint_interval = 50;
+    int64_t keep_checkpoints = 3;
+    std::string database;
   } run;
 
   std::filesystem::path base_dir;  // folder of the project file; relative paths resolve against it
@@ -92,7 +98,7 @@ struct project_config {
 // Calls f(path, member, doc) for every field, in file order.
 template <class C, class F>
 void visit_fields(C& c, F&& f) {
-  f("schema_version", c.schema_version, "Project file format version (this build writes 1).");
+  f("schema_version", c.schema_version, "Project file format version (this build writes 2 and migrates 1).");
   f("name", c.name, "Free-form project name.");
   f("model.path", c.model.path, "Hugging Face Llama folder (config.json + safetensors) or a llama2.c .bin file.");
   f("model.dtype", c.model.dtype, "Compute dtype: float32, bfloat16 or float16.");
@@ -122,12 +128,12 @@ void visit_fields(C& c, F&& f) {
   f("optimizer.warmup_steps", c.optimizer.warmup_steps, "Linear warmup steps.");
   f("optimizer.min_lr_ratio", c.optimizer.min_lr_ratio, "Cosine decay floor as a fraction of the peak LR.");
   f("optimizer.grad_clip", c.optimizer.grad_clip, "Clip the global gradient norm to this value (0 = off).");
+  f("optimizer.asynchronous", c.optimizer.asynchronous, "Pipelines: one-step-stale asynchronous AdamW (opt-in; changes the optimisation).");
   f("parallel.devices", c.parallel.devices, "Devices: cpu (one), cpu:N (N CPU virtual devices) or cuda:I,J,... (GPUs; CUDA builds).");
   f("parallel.schedule", c.parallel.schedule, "single (no pipeline), gpipe, 1f1b, interleaved or round-robin.");
   f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size).");
   f("parallel.virtual_stages", c.parallel.virtual_stages, "Interleaved 1F1B: stages per device.");
   f("parallel.threads_per_device", c.parallel.threads_per_device, "Compute threads of each CPU virtual device.");
-  f("parallel.async_optimizer", c.parallel.async_optimizer, "Pipelines: one-step-stale asynchronous AdamW (opt-in; changes the optimisation).");
   f("offload.stream_weights", c.offload.stream_weights, "Pipelines: upload frozen weights per stage and free them after use (else keep them resident).");
   f("offload.activations", c.offload.activations, "Pipelines: move stage-boundary checkpoints to host memory between forward and backward.");
   f("offload.recompute", c.offload.recompute, "Pipelines: recompute each stage before its backward (bound schedules; round-robin always does).");
@@ -136,6 +142,7 @@ void visit_fields(C& c, F&& f) {
   f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
   f("run.seed", c.run.seed, "Seed for LoRA init, data order and dropout.");
   f("run.steps", c.run.steps, "Optimizer steps.");
+  f("run.epochs", c.run.epochs, "Passes over the training data; when > 0 it sets the step count (ceil(epochs x sequences / (batch_size x grad_accum))) instead of run.steps.");
   f("run.batch_size", c.run.batch_size, "Sequences per micro-batch.");
   f("run.grad_accum", c.run.grad_accum, "Micro-batches accumulated per optimizer step.");
   f("run.eval_interval", c.run.eval_interval, "Validate every N steps (0 = only at start and end).");
@@ -145,14 +152,21 @@ void visit_fields(C& c, F&& f) {
   f("run.sample_prompt", c.run.sample_prompt, "Prompt for the samples generated before and after training.");
   f("run.sample_tokens", c.run.sample_tokens, "Tokens per sample (0 = no samples).");
   f("run.save_merged", c.run.save_merged, "Also write merged weights as an HF folder (output_dir/merged).");
+  f("run.checkpoint_interval", c.run.checkpoint_interval, "Write a resumable checkpoint every N steps (0 = only at the end and on Ctrl-C); under output_dir/checkpoints/run-<id>.");
+  f("run.keep_checkpoints", c.run.keep_checkpoints, "Keep the newest N checkpoints of a run (0 = keep all).");
+  f("run.database", c.run.database, "Run database (SQLite); empty = $LORAPIPE_DB, else $XDG_DATA_HOME/lorapipe/runs.db (~/.local/share/lorapipe/runs.db).");
 }
 
-// Parses project JSON text; reports every problem at once ("field: problem", one per line).
-result<project_config> parse_project(const std::string& json_text, const std::filesystem::path& project_file);
+// Parses project JSON text; reports every problem at once ("field: problem", one per line). Files
+// with an older schema_version are migrated (`migrated_from`, when given, receives that version).
+result<project_config> parse_project(const std::string& json_text, const std::filesystem::path& project_file,
+                                     int64_t* migrated_from = nullptr);
 result<project_config> load_project(const std::filesystem::path& project_file);
 // Semantic checks that need the file system (paths exist, values in range); all problems at once.
 status validate_project(const project_config& c);
 std::string project_to_json(const project_config& c);
+// The same config with every path made absolute (a run's config snapshot works from anywhere).
+project_config with_absolute_paths(const project_config& c);
 // Number of devices in a parallel.devices spec ("cpu", "cpu:N", "cuda:I,J,..."); 0 when malformed.
 int64_t device_count(const std::string& spec);
 // Markdown table of all fields with defaults and documentation.

@@ -13,7 +13,7 @@ sudo_cmd=""
 
 debs=(build-essential cmake ninja-build pkg-config python3-venv
       qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev
-      libsqlite3-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
+      libsqlite3-dev libssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
       libsentencepiece-dev libpcre2-dev libutf8proc-dev xvfb xauth clang libclang-rt-14-dev)
 missing=()
 for p in "${debs[@]}"; do

@@ -19,17 +19,144 @@ def check(name, ok, detail=""):
     print(f"{'PASS' if ok else 'FAIL'} {name}{(': ' + detail) if detail and not ok else ''}", flush=True)
 
 
-def run(cli, *args, stdin=None):
-    p = subprocess.run([cli, *args], input=stdin, capture_output=True, text=True, timeout=600)
+def run(cli, *args, stdin=None, env=None):
+    p = subprocess.run([cli, *args], input=stdin, capture_output=True, text=True, timeout=600, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
-def expect_clean_error(cli, name, args, needle, stdin=None):
-    rc, out, err = run(cli, *args, stdin=stdin)
+def expect_clean_error(cli, name, args, needle, stdin=None, env=None):
+    rc, out, err = run(cli, *args, stdin=stdin, env=env)
     lines = [l for l in err.strip().splitlines() if l]
     ok = rc == 1 and len(lines) >= 1 and lines[0].startswith("error:") and needle in err and "Traceback" not in err
     ok = ok and (name.startswith("multi") or len(lines) == 1)
     check(f"bad input: {name}", ok, f"rc={rc} stderr={err.strip()[:300]!r}")
+
+
+def run_store_checks(cli, stories, corpus, t):
+    """Run database, runs list/show/compare, eval, resume and their bad inputs (LORAPIPE_DB is set)."""
+    db = os.environ["LORAPIPE_DB"]
+    rc, out, err = run(cli, "runs", "list", "--json")
+    runs = json.loads(out) if rc == 0 else []
+    by_steps = {r["total_steps"]: r for r in runs}
+    check("runs list --json records every CLI run", rc == 0 and len(runs) >= 4 and 30 in by_steps and 4 in by_steps
+          and by_steps[30]["status"] == "completed" and by_steps[30]["summary"]["steps"] == 30
+          and by_steps[30]["hardware"]["cores"] >= 1 and "libtorch" in by_steps[30]["versions"], out[:400] + err)
+    if 30 not in by_steps or 4 not in by_steps:
+        return
+    a, b = str(by_steps[30]["id"]), str(by_steps[4]["id"])
+    rc, out, err = run(cli, "runs", "compare", a, b)
+    check("runs compare: config diff and metric summaries", rc == 0 and "parallel.schedule" in out and '"round-robin"' in out
+          and "run.steps" in out and "final_val_loss" in out and "mean_tokens_per_s" in out, out + err)
+    rc, out, err = run(cli, "runs", "compare", a, b, "--json")
+    cmp = json.loads(out) if rc == 0 else {}
+    check("runs compare --json", rc == 0 and cmp["config_diff"]["parallel.devices"] == {"a": "cpu", "b": "cpu:2"}
+          and cmp["summary"]["a"]["steps"] == 30 and cmp["summary"]["b"]["steps"] == 4
+          and cmp["summary"]["b"]["bubble_ratio"] is not None and cmp["summary"]["a"]["final_val_loss"] > 0, out[:600] + err)
+    rc, out, err = run(cli, "runs", "show", a)
+    check("runs show", rc == 0 and "completed" in out and "config hash" in out and "checkpoint   step 30" in out, out + err)
+    rc, out, err = run(cli, "eval", "--run", a, "--json")
+    ev = json.loads(out) if rc == 0 else {}
+    rc2, out2, _ = run(cli, "runs", "show", a, "--json")
+    shown = json.loads(out2) if rc2 == 0 else {}
+    check("eval --run: perplexity recorded in the run", rc == 0 and 1 < ev["perplexity"] < 512 and ev["tokens"] > 0
+          and any(e["split"] == "eval" and abs(e["loss"] - ev["loss"]) < 1e-12 for e in shown.get("evaluations", [])), out + err)
+    small = os.path.join(t, "small.txt")
+    open(small, "w").write(open(corpus).read()[:20000])
+    rc, out, err = run(cli, "eval", os.path.join(t, "p.json"), "--data", small, "--json")
+    base = json.loads(out) if rc == 0 else {}
+    rc, out, err = run(cli, "eval", os.path.join(t, "p.json"), "--data", small, "--adapter", os.path.join(t, "run1", "adapter"), "--json")
+    tuned = json.loads(out) if rc == 0 else {}
+    check("eval --data: the fine-tuned adapter lowers perplexity", rc == 0 and tuned["perplexity"] < base["perplexity"],
+          f"{base} vs {tuned} {err}")
+
+    peft = os.path.join(t, "exported_peft")
+    rc, _, err = run(cli, "export", "--run", a, "--format", "peft", "--output", peft)
+    check("export --run --format peft", rc == 0 and open(os.path.join(peft, "adapter_model.safetensors"), "rb").read()
+          == open(os.path.join(t, "run1", "adapter", "adapter_model.safetensors"), "rb").read(), err)
+    pe = json.load(open(os.path.join(t, "p.json")))
+    pe["run"].update({"epochs": 0.01, "threads": 2, "sample_tokens": 0, "eval_batches": 1, "output_dir": os.path.join(t, "epochs")})
+    json.dump(pe, open(os.path.join(t, "epochs.json"), "w"))
+    rc, _, err = run(cli, "train", os.path.join(t, "epochs.json"), "--json")
+    ev = [json.loads(l) for l in err.splitlines() if l.startswith("{")]
+    started = next((e for e in ev if e["event"] == "run_started"), {})
+    want = -(-started.get("train_sequences", 0) // 800) if started else -1  # ceil(0.01 x sequences / (8 x 1))
+    steps = [e for e in ev if e["event"] == "step"]
+    latest = json.loads(run(cli, "runs", "list", "--json", "--limit", "1")[1])[0]
+    check("run.epochs sets the step count", rc == 0 and started.get("total_steps") == want == len(steps) and latest["total_steps"] == want,
+          f"{started} want {want}, {len(steps)} steps, db {latest.get('total_steps')}")
+
+    # Resume: a run killed inside a checkpoint write, its newest checkpoint then corrupted.
+    p_kill = os.path.join(t, "kill.json")
+    pk = json.load(open(os.path.join(t, "p.json")))
+    pk["run"].update({"steps": 12, "checkpoint_interval": 2, "keep_checkpoints": 3, "threads": 2, "sample_tokens": 0,
+                      "output_dir": os.path.join(t, "killed")})
+    json.dump(pk, open(p_kill, "w"))
+    rc, _, err = run(cli, "train", p_kill, env={**os.environ, "LORAPIPE_KILL_AT": "checkpoint:rename:4"})
+    rc_l, out, _ = run(cli, "runs", "list", "--json")
+    killed = json.loads(out)[0]
+    check("a SIGKILLed run shows as crashed", rc == -9 and killed["status"] == "crashed" and killed["total_steps"] == 12, str(killed)[:300])
+    rid = str(killed["id"])
+    root = os.path.join(t, "killed", "checkpoints", f"run-{rid}")
+    steps = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+    newest = os.path.join(root, steps[-1], "optimizer.safetensors")
+    blob = bytearray(open(newest, "rb").read())
+    blob[-5] ^= 0xFF
+    open(newest, "wb").write(bytes(blob))
+    expect_clean_error(cli, "multi: corrupted checkpoint", ["resume", rid], "optimizer.safetensors does not match its sha256")
+    check("a refused resume changes nothing", open(newest, "rb").read() == bytes(blob)
+          and sorted(n for n in os.listdir(root) if n.startswith("step-")) == steps)
+    older = str(int(steps[-2][5:]))
+    rc, _, err = run(cli, "resume", rid, "--checkpoint", older)
+    rc2, out2, _ = run(cli, "runs", "show", rid, "--json")
+    shown = json.loads(out2) if rc2 == 0 else {}
+    check("resume --checkpoint from an older checkpoint completes", rc == 0 and shown["status"] == "completed"
+          and [m["step"] for m in shown["metrics"]] == list(range(1, 13)) and shown["resumed"] == 1, err[-500:])
+    expect_clean_error(cli, "resume of an unknown run", ["resume", "999"], "no run 999")
+
+    # Bad input that must not lose what is stored.
+    before = run(cli, "runs", "list", "--json")[1]
+    ro = os.path.join(t, "readonly")
+    os.makedirs(ro)
+    made_ro = False
+    if os.geteuid() != 0:
+        os.chmod(ro, 0o555)
+        made_ro = True
+    else:
+        made_ro = subprocess.run(["chattr", "+i", ro], capture_output=True).returncode == 0
+    if made_ro:
+        expect_clean_error(cli, "read-only output dir", ["train", p_kill, "--output", ro], "run.output_dir")
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", ro])
+    else:
+        print("SKIP bad input: read-only output dir (no way to make a read-only folder here)")
+    import sqlite3
+    holder = sqlite3.connect(db, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")
+    expect_clean_error(cli, "database locked by another process", ["train", p_kill], "locked by another process")
+    holder.rollback()
+    holder.close()
+    with open(db, "rb") as f:
+        pass
+    check("nothing stored is lost by refused commands", run(cli, "runs", "list", "--json")[1] == before)
+    con = sqlite3.connect(db)
+    check("run database integrity_check", con.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+    con.close()
+    pi = json.load(open(p_kill))
+    pi["parallel"] = {"devices": "cpu:2", "schedule": "single"}
+    pi["optimizer"] = {"asynchronous": True}
+    pi["lora"] = {"r": 99}
+    json.dump(pi, open(p_kill, "w"))
+    expect_clean_error(cli, "multi: impossible combinations", ["validate", p_kill], "lora.r: must be <= hidden_size (64)")
+    rc, _, err = run(cli, "validate", p_kill)
+    check("every impossible combination is named", "parallel.schedule: single runs on one device" in err
+          and "optimizer.asynchronous: needs a pipeline schedule" in err, err)
+    old = {"schema_version": 1, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": corpus},
+           "parallel": {"devices": "cpu:2", "schedule": "1f1b", "async_optimizer": True}, "run": {"batch_size": 8}}
+    json.dump(old, open(os.path.join(t, "v1.json"), "w"))
+    rc, _, err = run(cli, "validate", os.path.join(t, "v1.json"))
+    rc2, out2, _ = run(cli, "init")
+    check("schema_version 1 projects are migrated; init writes 2", rc == 0 and json.loads(out2)["schema_version"] == 2
+          and json.loads(out2)["optimizer"]["asynchronous"] is False, err)
 
 
 def main():
@@ -57,6 +184,7 @@ def main():
     check("tokenize (no BOS/EOS)", rc == 0 and out.split() == ["403", "407", "261", "378"], out)
 
     with tempfile.TemporaryDirectory() as t:
+        os.environ["LORAPIPE_DB"] = os.path.join(t, "runs.db")  # never the user's database
         # Malformed model folders.
         def model_copy(name):
             d = os.path.join(t, name)
@@ -81,7 +209,7 @@ def main():
 
         empty = os.path.join(t, "empty.txt")
         open(empty, "w").write("\n\n   \n")
-        proj = {"schema_version": 1, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": empty, "seq_len": 64},
+        proj = {"schema_version": 2, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": empty, "seq_len": 64},
                 "run": {"steps": 2, "output_dir": os.path.join(t, "out_empty"), "threads": 2}}
         p_empty = os.path.join(t, "empty.json")
         json.dump(proj, open(p_empty, "w"))
@@ -139,7 +267,7 @@ def main():
             ok = ok and rc == 0 and json.loads(out) == row["ids"]
         check("tokenize with tokenizer.json (Qwen3 golden ids)", ok, err)
         quiz = os.path.join(data, "instruct", "quiz_alpaca.jsonl")
-        proj = {"schema_version": 1, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": quiz, "seq_len": 128},
+        proj = {"schema_version": 2, "model": {"path": os.path.join(stories, "hf")}, "data": {"train": quiz, "seq_len": 128},
                 "run": {"steps": 3, "output_dir": os.path.join(t, "out_quiz"), "threads": 2, "sample_tokens": 0, "eval_batches": 2}}
         p_quiz = os.path.join(t, "quiz.json")
         json.dump(proj, open(p_quiz, "w"))
@@ -170,6 +298,7 @@ def main():
         rc, out, err = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--chat", "--prompt", "What is the capital of France?",
                            "--max-new-tokens", "8")
         check("generate --chat", rc == 0 and len(out.strip()) > 0, err)
+        run_store_checks(cli, stories, corpus, t)
 
     n_fail = RESULTS.count(False)
     print(f"{len(RESULTS) - n_fail} passed, {n_fail} failed")
