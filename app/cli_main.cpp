@@ -36,7 +36,7 @@ using namespace lorapipe;
 
 namespace {
 
-std::atomic<bool> g_stop{false};  // set by SIGINT; the only process-wide state (signal handlers need one)
+std::atomic<bool> g_stop{false};  // set by SIGINT/SIGTERM; the only process-wide state (signal handlers need one)
 extern "C" void on_sigint(int) {
   if (g_stop.exchange(true)) std::_Exit(130);  // second Ctrl-C: leave now
 }
@@ -345,7 +345,10 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*train || *resume) std::signal(SIGINT, on_sigint);
+    if (*train || *resume) {  // Ctrl-C, or a scheduler's SIGTERM: checkpoint, then exit 130
+      std::signal(SIGINT, on_sigint);
+      std::signal(SIGTERM, on_sigint);
+    }
     if (*train) return cmd_train(ta, g_stop);
     if (*resume) return cmd_resume(ra, g_stop);
     if (*eval) return cmd_eval(ea);

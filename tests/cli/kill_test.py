@@ -4,7 +4,7 @@
 A LoRA run of stories260K on CPU is SIGKILLed again and again -- at random times and, through the
 LORAPIPE_KILL_AT hook, exactly inside a checkpoint write (after a file, after the manifest, just before
 the commit rename) and inside a database transaction (just before COMMIT) -- and resumed each time with
-`lorapipe-cli resume`. One attempt is stopped with SIGINT (Ctrl-C) instead. After every kill:
+`lorapipe-cli resume`. One attempt is stopped with SIGINT (Ctrl-C; SIGTERM in the second scenario) instead. After every kill:
 PRAGMA integrity_check is "ok" and every committed checkpoint folder matches its manifest (no
 half-written checkpoint). At the end the final LoRA weights are byte-identical to an uninterrupted run
 with the same seed, and so are the logged loss curve (loss, lr, grad norm per step) and the
@@ -75,7 +75,7 @@ def db_state(db, run):
     return integrity, metrics, evals, row
 
 
-def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rng, steps):
+def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rng, steps, stop_signal=signal.SIGINT):
     work = os.path.join(tmp, label)
     os.makedirs(work)
     project = {
@@ -140,7 +140,7 @@ def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rn
             while proc.poll() is None:
                 now = {n for n in os.listdir(root) if n.startswith("step-")} if os.path.isdir(root) else set()
                 if now - before:
-                    proc.send_signal(signal.SIGINT)
+                    proc.send_signal(stop_signal)
                     break
                 time.sleep(0.01)
         _, err = proc.communicate(timeout=600)
@@ -151,7 +151,7 @@ def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rn
             killed += 1
             done_modes.append(mode)
             if rc == 130:
-                check(f"{label}: Ctrl-C stops after a checkpoint", "checkpoint" in err and "resume" in err, err[-500:])
+                check(f"{label}: {signal.Signals(stop_signal).name} stops after a checkpoint", "checkpoint" in err and "resume" in err, err[-500:])
         else:
             check(f"{label}: attempt {attempts} ({mode}) ends by kill or success", False, f"rc={rc}\n{err[-1500:]}")
             return
@@ -193,7 +193,7 @@ def main():
                  "db:commit:1", "checkpoint:file:4"]
         scenario(a.cli, a.data, tmp, "single", {"lora": {"dropout": 0.1}}, [], hooks, a.timers, rng, 60)
         scenario(a.cli, a.data, tmp, "1f1b-cpu2", {"parallel": {"micro_batches": 2}}, ["--schedule", "1f1b", "--devices", "cpu:2"],
-                 ["checkpoint:file:3", "checkpoint:rename:1", "db:commit:2"], max(2, a.timers // 2), rng, 36)
+                 ["checkpoint:file:3", "checkpoint:rename:1", "db:commit:2"], max(2, a.timers // 2), rng, 36, signal.SIGTERM)
     print(f"{len(FAILURES)} failed" if FAILURES else "all passed")
     sys.exit(1 if FAILURES else 0)
 
