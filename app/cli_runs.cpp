@@ -122,6 +122,19 @@ void flatten(const json& j, const std::string& prefix, std::map<std::string, jso
   }
 }
 
+// Leaf fields that differ between two JSON documents (null where one side lacks the field).
+std::map<std::string, std::pair<json, json>> differences(const std::string& a, const std::string& b, const std::string& prefix) {
+  std::map<std::string, json> fa, fb;
+  flatten(parse_json_or_discarded(a), prefix, fa);
+  flatten(parse_json_or_discarded(b), prefix, fb);
+  std::map<std::string, std::pair<json, json>> diff;
+  for (const auto& [k, v] : fa)
+    if (!fb.count(k) || fb[k] != v) diff[k] = {v, fb.count(k) ? fb[k] : json(nullptr)};
+  for (const auto& [k, v] : fb)
+    if (!fa.count(k)) diff[k] = {json(nullptr), v};
+  return diff;
+}
+
 }  // namespace
 
 int cmd_runs_list(const std::string& db, int64_t limit, bool as_json) {
@@ -213,28 +226,53 @@ int cmd_runs_compare(const std::string& db, int64_t a, int64_t b, bool as_json) 
   auto ra = s.get_run(a), rb = s.get_run(b);
   if (!ra) return cli_fail(fmt::format("no run {} in {}", a, s.db().path().string()));
   if (!rb) return cli_fail(fmt::format("no run {} in {}", b, s.db().path().string()));
-  std::map<std::string, json> fa, fb;
-  flatten(parse_json_or_discarded(ra->config_json), "", fa);
-  flatten(parse_json_or_discarded(rb->config_json), "", fb);
-  std::map<std::string, std::pair<json, json>> diff;
-  for (const auto& [k, v] : fa)
-    if (!fb.count(k) || fb[k] != v) diff[k] = {v, fb.count(k) ? fb[k] : json(nullptr)};
-  for (const auto& [k, v] : fb)
-    if (!fa.count(k)) diff[k] = {json(nullptr), v};
+  const auto diff = differences(ra->config_json, rb->config_json, "");
+  auto env = differences(ra->hardware, rb->hardware, "hardware");
+  env.merge(differences(ra->versions, rb->versions, "versions"));
   const auto ma = summarize(s, a), mb = summarize(s, b);
   const auto sa = summary_json(ma), sb = summary_json(mb);
+  // Loss curves at the steps both runs logged: identical, or how far apart and from where.
+  const auto la = s.metrics(a), lb = s.metrics(b);
+  std::map<int64_t, double> loss_b;
+  for (const auto& m : lb) loss_b[m.step] = m.loss;
+  int64_t common = 0, first_diff = -1;
+  double max_diff = 0;
+  for (const auto& m : la) {
+    auto it = loss_b.find(m.step);
+    if (it == loss_b.end()) continue;
+    ++common;
+    if (it->second != m.loss && first_diff < 0) first_diff = m.step;
+    max_diff = std::max(max_diff, std::abs(it->second - m.loss));
+  }
+  const json curves = {{"common_steps", common}, {"identical", common > 0 && first_diff < 0}, {"max_abs_loss_diff", max_diff},
+                       {"first_differing_step", first_diff >= 0 ? json(first_diff) : json(nullptr)}};
+  auto to_json = [](const std::map<std::string, std::pair<json, json>>& d) {
+    json j = json::object();
+    for (const auto& [k, v] : d) j[k] = {{"a", v.first}, {"b", v.second}};
+    return j;
+  };
   if (as_json) {
-    json d = json::object();
-    for (const auto& [k, v] : diff) d[k] = {{"a", v.first}, {"b", v.second}};
-    std::cout << json{{"a", run_json(*ra)}, {"b", run_json(*rb)}, {"config_diff", d}, {"summary", {{"a", sa}, {"b", sb}}}}.dump(2)
+    std::cout << json{{"a", run_json(*ra)}, {"b", run_json(*rb)}, {"config_diff", to_json(diff)}, {"environment_diff", to_json(env)},
+                      {"loss_curves", curves}, {"summary", {{"a", sa}, {"b", sb}}}}
+                     .dump(2)
               << "\n";
     return 0;
   }
   std::cout << fmt::format("run {} ({}, {}) vs run {} ({}, {})\n", a, ra->project_name, live_status(*ra), b, rb->project_name,
                            live_status(*rb));
-  if (ra->config_hash == rb->config_hash) std::cout << "config: identical (hash " << ra->config_hash.substr(0, 12) << ")\n";
+  if (ra->config_hash == rb->config_hash)
+    std::cout << fmt::format("config: the same computation (hash {}){}\n", ra->config_hash.substr(0, 12),
+                             diff.empty() ? "" : fmt::format("; {} location field(s) differ", diff.size()));
   else std::cout << fmt::format("config: {} field(s) differ\n", diff.size());
   for (const auto& [k, v] : diff) std::cout << fmt::format("  {:<32} {:>20}  ->  {}\n", k, v.first.dump(), v.second.dump());
+  std::cout << (env.empty() ? std::string("environment: same hardware and library versions\n")
+                            : fmt::format("environment: {} difference(s)\n", env.size()));
+  for (const auto& [k, v] : env) std::cout << fmt::format("  {:<32} {:>20}  ->  {}\n", k, v.first.dump(), v.second.dump());
+  if (common == 0) std::cout << "loss curves: no common steps\n";
+  else if (first_diff < 0) std::cout << fmt::format("loss curves: identical over {} common steps\n", common);
+  else
+    std::cout << fmt::format("loss curves: {} common steps, max |loss difference| {:.4g}, first difference at step {}\n", common,
+                             max_diff, first_diff);
   std::cout << fmt::format("{:<26} {:>14} {:>14} {:>10}\n", "metric", fmt::format("run {}", a), fmt::format("run {}", b), "b/a");
   for (auto it = sa.begin(); it != sa.end(); ++it) {
     const json& x = it.value();

@@ -51,7 +51,8 @@ def run_store_checks(cli, stories, corpus, t):
     cmp = json.loads(out) if rc == 0 else {}
     check("runs compare --json", rc == 0 and cmp["config_diff"]["parallel.devices"] == {"a": "cpu", "b": "cpu:2"}
           and cmp["summary"]["a"]["steps"] == 30 and cmp["summary"]["b"]["steps"] == 4
-          and cmp["summary"]["b"]["bubble_ratio"] is not None and cmp["summary"]["a"]["final_val_loss"] > 0, out[:600] + err)
+          and cmp["summary"]["b"]["bubble_ratio"] is not None and cmp["summary"]["a"]["final_val_loss"] > 0
+          and cmp["loss_curves"]["common_steps"] == 4 and cmp["environment_diff"] == {}, out[:600] + err)
     rc, out, err = run(cli, "runs", "show", a)
     check("runs show", rc == 0 and "completed" in out and "config hash" in out and "checkpoint   step 30" in out, out + err)
     rc, out, err = run(cli, "eval", "--run", a, "--json")
