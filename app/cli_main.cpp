@@ -41,7 +41,6 @@ extern "C" void on_sigint(int) {
   if (g_stop.exchange(true)) std::_Exit(130);  // second Ctrl-C: leave now
 }
 
-int fail(const std::string& msg) { return cli_fail(msg); }
 
 struct generate_args {
   std::string model, adapter, tokenizer, prompt, dtype = "float32";
@@ -57,15 +56,15 @@ struct generate_args {
 int cmd_generate(const generate_args& a) {
   configure_threads(a.threads);
   auto dt = parse_dtype_name(a.dtype);
-  if (!dt) return fail(dt.message());
+  if (!dt) return cli_fail(dt.message());
   auto w = load_llama(a.model, {*dt});
-  if (!w) return fail(w.message());
+  if (!w) return cli_fail(w.message());
   auto tok = load_tokenizer(a.tokenizer.empty() ? fs::path(a.model) : fs::path(a.tokenizer));
-  if (!tok) return fail(tok.message());
+  if (!tok) return cli_fail(tok.message());
   std::optional<lora_adapters> lora;
   if (!a.adapter.empty()) {
     auto l = load_peft_adapter(a.adapter, *w);
-    if (!l) return fail(l.message());
+    if (!l) return cli_fail(l.message());
     lora = std::move(*l);
   }
   std::string text = a.prompt;
@@ -73,24 +72,24 @@ int cmd_generate(const generate_args& a) {
     const fs::path tp = a.tokenizer.empty() ? fs::path(a.model) : fs::path(a.tokenizer);
     std::error_code ec;
     auto settings = load_tokenizer_settings(fs::is_directory(tp, ec) ? tp : tp.parent_path());
-    if (!settings) return fail(settings.message());
+    if (!settings) return cli_fail(settings.message());
     auto templ = chat_template::parse(settings->chat_template.empty() ? chat_template::builtin_source() : settings->chat_template);
-    if (!templ) return fail(templ.message());
+    if (!templ) return cli_fail(templ.message());
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     if (!a.system.empty()) msgs.push_back({{"role", "system"}, {"content", a.system}});
     msgs.push_back({{"role", "user"}, {"content", a.prompt}});
     auto rendered = templ->render(msgs, true, special_token_vars(**tok, *settings));
-    if (!rendered) return fail(rendered.message());
+    if (!rendered) return cli_fail(rendered.message());
     text = *rendered;
   }
   auto enc = (*tok)->encode_with_offsets(text, a.chat || (*tok)->parses_special_by_default());
-  if (!enc) return fail(enc.message());
+  if (!enc) return cli_fail(enc.message());
   const auto& ids = enc->ids;
   std::vector<int32_t> prompt;
   const int32_t bos = (*tok)->bos_id();
   if (!a.no_bos && bos >= 0 && (ids.empty() || ids.front() != bos)) prompt.push_back(bos);
   prompt.insert(prompt.end(), ids.begin(), ids.end());
-  if (prompt.empty()) return fail("empty prompt (give --prompt text, or drop --no-bos)");
+  if (prompt.empty()) return cli_fail("empty prompt (give --prompt text, or drop --no-bos)");
   sampling_options so{a.temperature, a.top_p, a.seed, a.max_new_tokens, (*tok)->eos_id()};
   auto out = generate(*w, lora ? &*lora : nullptr, prompt, so);
   if (!out.empty() && out.back() == (*tok)->eos_id()) out.pop_back();
@@ -100,10 +99,10 @@ int cmd_generate(const generate_args& a) {
 
 int cmd_tokenize(const std::string& tokenizer_path, bool as_json) {
   auto tok = load_tokenizer(tokenizer_path);
-  if (!tok) return fail(tok.message());
+  if (!tok) return cli_fail(tok.message());
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   auto ids = (*tok)->encode(text);
-  if (!ids) return fail(ids.message());
+  if (!ids) return cli_fail(ids.message());
   std::cout << (as_json ? fmt::format("[{}]", fmt::join(*ids, ",")) : fmt::format("{}", fmt::join(*ids, " ")))
             << "\n";
   return 0;
@@ -111,14 +110,14 @@ int cmd_tokenize(const std::string& tokenizer_path, bool as_json) {
 
 int cmd_export(const std::string& model, const std::string& adapter, const std::string& out, const std::string& dtype) {
   auto dt = parse_dtype_name(dtype);
-  if (!dt) return fail(dt.message());
+  if (!dt) return cli_fail(dt.message());
   auto w = load_llama(model, {*dt});
-  if (!w) return fail(w.message());
+  if (!w) return cli_fail(w.message());
   auto l = load_peft_adapter(adapter, *w);
-  if (!l) return fail(l.message());
+  if (!l) return cli_fail(l.message());
   auto tok_src = find_tokenizer_for_model(model);
   auto st = export_merged(*w, *l, out, tok_src ? *tok_src : fs::path(model));
-  if (!st) return fail(st.message());
+  if (!st) return cli_fail(st.message());
   std::fputs(fmt::format("merged weights written to {}\n", out).c_str(), stderr);
   return 0;
 }
@@ -134,9 +133,9 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
     return 0;
   }
   std::error_code ec;
-  if (fs::exists(path, ec) && !force) return fail(fmt::format("{} exists (use --force to overwrite)", path));
+  if (fs::exists(path, ec) && !force) return cli_fail(fmt::format("{} exists (use --force to overwrite)", path));
   auto st = write_file_atomic(path, text);
-  if (!st) return fail(st.message());
+  if (!st) return cli_fail(st.message());
   std::fputs(fmt::format("wrote {}\n", path).c_str(), stderr);
   return 0;
 }
@@ -145,19 +144,19 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
 // the model's shapes (FLOPs at an assumed throughput, exact weight and activation bytes).
 int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid) {
   auto p = load_project(path);
-  if (!p) return fail(p.message());
+  if (!p) return cli_fail(p.message());
   auto st = validate_project(*p);
-  if (!st) return fail(fmt::format("{} is not valid:\n{}", path, st.message()));
+  if (!st) return cli_fail(fmt::format("{} is not valid:\n{}", path, st.message()));
   const auto& cfg = *p;
   const fs::path model = cfg.resolve(cfg.model.path);
   llama_config mc;
   if (fs::is_directory(model)) {
     auto c = load_llama_config(model / "config.json");
-    if (!c) return fail(c.message());
+    if (!c) return cli_fail(c.message());
     mc = *c;
   } else {
     auto w = load_llama(model, {at::kFloat});
-    if (!w) return fail(w.message());
+    if (!w) return cli_fail(w.message());
     mc = w->cfg;
   }
   const bool pipelined = cfg.parallel.schedule != "single";
@@ -169,7 +168,7 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
   so.offload_activations = cfg.offload.activations && cfg.offload.recompute;
   so.stream_weights = cfg.offload.stream_weights;
   auto prog = make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers), so);
-  if (!prog) return fail(prog.message());
+  if (!prog) return cli_fail(prog.message());
   const size_t elem = cfg.model.dtype == "float32" ? 4 : 2;
   const int64_t tokens = cfg.run.batch_size / so.micro_batches * cfg.data.seq_len;
   const double layer_params = static_cast<double>(mc.hidden_size) * mc.head_dim * (2 * mc.num_heads + 2 * mc.num_kv_heads) +
@@ -195,7 +194,7 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
   c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
   c.steady_state = true;
   auto r = simulate(*prog, c);
-  if (!r.ok) return fail(fmt::format("the generated program is invalid: {}\n{}", r.error, r.grid));
+  if (!r.ok) return cli_fail(fmt::format("the generated program is invalid: {}\n{}", r.error, r.grid));
   if (as_json) {
     nlohmann::json j = {{"schedule", prog->schedule}, {"devices", prog->num_devices()}, {"micro_batches", prog->micro_batches},
                         {"stages", prog->stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
@@ -214,7 +213,7 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
 
 int cmd_validate(const std::string& path) {
   auto p = load_project(path);
-  if (!p) return fail(p.message());
+  if (!p) return cli_fail(p.message());
   auto st = validate_project(*p);
   if (!st) {
     std::fputs(fmt::format("error: {} is not valid:\n{}\n", path, st.message()).c_str(), stderr);
@@ -359,18 +358,18 @@ int main(int argc, char** argv) {
     if (*tokz) return cmd_tokenize(tok_path, tok_json);
     if (*exp && ex_run > 0) {
       auto src = run_export_sources(ex_db, ex_run);
-      if (!src) return fail(src.message());
+      if (!src) return cli_fail(src.message());
       ex_model = src->first;
       ex_adapter = src->second;
     }
-    if (*exp && (ex_model.empty() || ex_adapter.empty())) return fail("export needs --run ID, or --model and --adapter");
+    if (*exp && (ex_model.empty() || ex_adapter.empty())) return cli_fail("export needs --run ID, or --model and --adapter");
     if (*exp && ex_format == "peft") {
       auto w = load_llama(ex_model, {at::kFloat});
-      if (!w) return fail(w.message());
+      if (!w) return cli_fail(w.message());
       auto l = load_peft_adapter(ex_adapter, *w);  // checked against the model before it is written
-      if (!l) return fail(l.message());
+      if (!l) return cli_fail(l.message());
       auto st = save_peft_adapter(*l, ex_out);
-      if (!st) return fail(st.message());
+      if (!st) return cli_fail(st.message());
       std::fputs(fmt::format("PEFT adapter written to {}\n", ex_out).c_str(), stderr);
       return 0;
     }
@@ -383,17 +382,17 @@ int main(int argc, char** argv) {
     if (*val) return cmd_validate(val_path);
     if (*inspect) {
       auto report = data_inspect_report(data_path, data_examples, data_json, !data_json && isatty(STDOUT_FILENO) != 0);
-      if (!report) return fail(report.message());
+      if (!report) return cli_fail(report.message());
       std::cout << *report;
       return 0;
     }
     if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid);
   } catch (const lorapipe_error& e) {
-    return fail(e.what());
+    return cli_fail(e.what());
   } catch (const c10::Error& e) {
-    return fail(fmt::format("LibTorch: {}", e.what_without_backtrace()));
+    return cli_fail(fmt::format("LibTorch: {}", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return fail(e.what());
+    return cli_fail(e.what());
   }
   return 0;
 }

@@ -21,8 +21,7 @@ namespace {
 
 // A run whose process died without setting a final status shows as "crashed".
 std::string live_status(const run_record& r) {
-  if (r.status == "running" && r.pid > 0 && ::kill(static_cast<pid_t>(r.pid), 0) != 0) return "crashed";
-  return r.status;
+  return r.status == "running" && r.pid > 0 && !process_alive(r.pid) ? "crashed" : r.status;
 }
 
 struct metric_summary {
@@ -136,6 +135,8 @@ std::map<std::string, std::pair<json, json>> differences(const std::string& a, c
 }
 
 }  // namespace
+
+bool process_alive(int64_t pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) == 0; }
 
 int cmd_runs_list(const std::string& db, int64_t limit, bool as_json) {
   run_store s(db.empty() ? default_database_path() : std::filesystem::path(db));

@@ -39,6 +39,7 @@ int cmd_runs_show(const std::string& db, int64_t id, bool json);
 int cmd_runs_compare(const std::string& db, int64_t a, int64_t b, bool json);
 
 int cli_fail(const std::string& msg);
+bool process_alive(int64_t pid);  // the process that recorded a "running" run still exists
 // Base model path and adapter folder of a recorded run (for export --run).
 result<std::pair<std::string, std::string>> run_export_sources(const std::string& db, int64_t run);  // prints "error: msg" on stderr, returns 1
 

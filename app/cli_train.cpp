@@ -143,9 +143,7 @@ int execute_run(run_store& store, int64_t run, const project_config& cfg, const 
 
 int cmd_train(const train_args& a, const std::atomic<bool>& stop) {
   int64_t migrated_from = 0;
-  auto text = read_text_file(a.project);
-  if (!text) return cli_fail(text.message());
-  auto p = parse_project(*text, a.project, &migrated_from);
+  auto p = load_project(a.project, &migrated_from);
   if (!p) return cli_fail(p.message());
   auto& cfg = *p;
   if (migrated_from > 0)
@@ -183,7 +181,7 @@ int cmd_resume(const resume_args& a, const std::atomic<bool>& stop) {
     std::fputs(fmt::format("run {} already completed ({} steps)\n", a.run, rec->total_steps).c_str(), stderr);
     return 0;
   }
-  if (rec->status == "running" && rec->pid > 0 && rec->pid != ::getpid() && ::kill(static_cast<pid_t>(rec->pid), 0) == 0)
+  if (rec->status == "running" && rec->pid != ::getpid() && process_alive(rec->pid))
     return cli_fail(fmt::format("run {} is still running (pid {})", a.run, rec->pid));
   auto cfg = parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json");
   if (!cfg) return cli_fail(fmt::format("run {}: stored configuration: {}", a.run, cfg.message()));

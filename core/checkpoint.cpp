@@ -104,14 +104,16 @@ result<checkpoint_info> write_checkpoint(const fs::path& root, int64_t step,
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) return make_error("{}: cannot create {}: {}", root.string(), tmp.string(), ec.message());
-  auto cleanup = [&] {
-    std::error_code e2;
-    fs::remove_all(tmp, e2);
-  };
-  if (auto st = fill(tmp); !st) {
-    cleanup();
-    return st.err();
-  }
+  // Until the rename commits it, any early return removes the temporary folder.
+  struct remove_unless_committed {
+    fs::path dir;
+    bool committed = false;
+    ~remove_unless_committed() {
+      std::error_code e2;
+      if (!committed) fs::remove_all(dir, e2);
+    }
+  } guard{tmp};
+  LP_TRY(fill(tmp));
   // Seal: hash and fsync every file, then the manifest, then the folder.
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   std::vector<fs::path> names;
@@ -119,35 +121,19 @@ result<checkpoint_info> write_checkpoint(const fs::path& root, int64_t step,
   std::sort(names.begin(), names.end());
   int64_t total = 0;
   for (const auto& p : names) {
-    if (!fs::is_regular_file(p, ec)) {
-      cleanup();
-      return make_error("{}: unexpected entry {} in a checkpoint", root.string(), p.filename().string());
-    }
-    if (auto st = fsync_path(p, false); !st) {
-      cleanup();
-      return st.err();
-    }
+    if (!fs::is_regular_file(p, ec)) return make_error("{}: unexpected entry {} in a checkpoint", root.string(), p.filename().string());
+    LP_TRY(fsync_path(p, false));
     int64_t n = 0;
-    auto h = sha256_file(p, &n);
-    if (!h) {
-      cleanup();
-      return h.err();
-    }
+    LP_TRY_ASSIGN(h, sha256_file(p, &n));
     total += n;
-    files[p.filename().string()] = {{"bytes", n}, {"sha256", *h}};
+    files[p.filename().string()] = {{"bytes", n}, {"sha256", h}};
     at("checkpoint:file");
   }
   const std::string manifest =
       nlohmann::ordered_json{{"format", "lorapipe-checkpoint"}, {"version", 1}, {"step", step}, {"files", files}}.dump(2) + "\n";
-  if (auto st = write_file_atomic(tmp / manifest_name, manifest); !st) {
-    cleanup();
-    return st.err();
-  }
+  LP_TRY(write_file_atomic(tmp / manifest_name, manifest));
   at("checkpoint:manifest");
-  if (auto st = fsync_path(tmp, true); !st) {
-    cleanup();
-    return st.err();
-  }
+  LP_TRY(fsync_path(tmp, true));
   at("checkpoint:rename");
   if (fs::exists(final_dir, ec)) {  // same step written again (a resumed run): move the old one aside
     const fs::path trash = root / fmt::format(".trash-{}-{}", checkpoint_dir_name(step), ::getpid());
@@ -155,10 +141,8 @@ result<checkpoint_info> write_checkpoint(const fs::path& root, int64_t step,
     if (!ec) fs::remove_all(trash, ec);
   }
   fs::rename(tmp, final_dir, ec);
-  if (ec) {
-    cleanup();
-    return make_error("{}: cannot commit checkpoint: {}", final_dir.string(), ec.message());
-  }
+  if (ec) return make_error("{}: cannot commit checkpoint: {}", final_dir.string(), ec.message());
+  guard.committed = true;
   if (auto st = fsync_path(root, true); !st) return st.err();
   return checkpoint_info{step, final_dir, sha256_hex(manifest.data(), manifest.size()),
                          total + static_cast<int64_t>(manifest.size())};

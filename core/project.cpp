@@ -130,9 +130,9 @@ result<project_config> parse_project(const std::string& text, const fs::path& pr
   return c;
 }
 
-result<project_config> load_project(const fs::path& project_file) {
+result<project_config> load_project(const fs::path& project_file, int64_t* migrated_from) {
   LP_TRY_ASSIGN(text, read_text_file(project_file));
-  return parse_project(text, project_file);
+  return parse_project(text, project_file, migrated_from);
 }
 
 status validate_project(const project_config& c) {

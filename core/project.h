@@ -161,7 +161,7 @@ void visit_fields(C& c, F&& f) {
 // with an older schema_version are migrated (`migrated_from`, when given, receives that version).
 result<project_config> parse_project(const std::string& json_text, const std::filesystem::path& project_file,
                                      int64_t* migrated_from = nullptr);
-result<project_config> load_project(const std::filesystem::path& project_file);
+result<project_config> load_project(const std::filesystem::path& project_file, int64_t* migrated_from = nullptr);
 // Semantic checks that need the file system (paths exist, values in range); all problems at once.
 status validate_project(const project_config& c);
 std::string project_to_json(const project_config& c);

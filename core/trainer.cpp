@@ -99,6 +99,31 @@ std::string sample(const llama_weights& w, const lora_adapters& lora, const toke
   return tok.decode_continuation(prompt, out);
 }
 
+// What a project trains on or evaluates: the model, its tokenizer and the tokenised data.
+struct project_inputs {
+  llama_weights weights;
+  std::unique_ptr<tokenizer> tok;
+  fs::path tok_path;
+  training_data data;
+};
+
+result<project_inputs> load_project_inputs(const project_config& cfg) {
+  LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg.model.dtype));
+  const fs::path model_path = cfg.resolve(cfg.model.path);
+  LP_TRY_ASSIGN(w, load_llama(model_path, {dtype}));
+  const fs::path tok_path = cfg.tokenizer.path.empty() ? model_path : cfg.resolve(cfg.tokenizer.path);
+  LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
+  if (tok->vocab_size() > w.cfg.vocab_size)
+    return make_error("tokenizer has {} tokens but the model only {}", tok->vocab_size(), w.cfg.vocab_size);
+  if (cfg.data.seq_len > w.cfg.max_position_embeddings)
+    return make_error("data.seq_len: {} exceeds the model's context length {}", cfg.data.seq_len,
+                      w.cfg.max_position_embeddings);
+  std::error_code ec;
+  const fs::path tok_dir = fs::is_directory(tok_path, ec) ? tok_path : tok_path.parent_path();
+  LP_TRY_ASSIGN(data, load_training_data(cfg, *tok, tok_dir));
+  return project_inputs{std::move(w), std::move(tok), tok_path, std::move(data)};
+}
+
 }  // namespace
 
 std::string config_hash(const project_config& cfg) {
@@ -119,19 +144,12 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
   if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir.string(), ec.message());
   LP_TRY(write_file_atomic(out_dir / "project.json", project_to_json(cfg)));
 
-  LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg.model.dtype));
+  LP_TRY_ASSIGN(in, load_project_inputs(cfg));
+  auto& w = in.weights;
+  auto& tok = in.tok;
+  auto& data = in.data;
+  const fs::path& tok_path = in.tok_path;
   const fs::path model_path = cfg.resolve(cfg.model.path);
-  LP_TRY_ASSIGN(w, load_llama(model_path, {dtype}));
-  const fs::path tok_path = cfg.tokenizer.path.empty() ? model_path : cfg.resolve(cfg.tokenizer.path);
-  LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
-  if (tok->vocab_size() > w.cfg.vocab_size)
-    return make_error("tokenizer has {} tokens but the model only {}", tok->vocab_size(), w.cfg.vocab_size);
-  if (cfg.data.seq_len > w.cfg.max_position_embeddings)
-    return make_error("data.seq_len: {} exceeds the model's context length {}", cfg.data.seq_len,
-                      w.cfg.max_position_embeddings);
-  std::error_code dir_ec;
-  const fs::path tok_dir = fs::is_directory(tok_path, dir_ec) ? tok_path : tok_path.parent_path();
-  LP_TRY_ASSIGN(data, load_training_data(cfg, *tok, tok_dir));
   if (data.stats.format != data_format::text || data.stats.skipped > 0)
     obs.on_event(log_event{log_event::level::info,
                            fmt::format("data: {} format, {} examples ({} skipped, {} truncated, {} dropped), {} tokens of which {} trained on; template {}",
@@ -382,14 +400,9 @@ result<eval_summary> evaluate_project(const project_config& cfg_in, const fs::pa
   }
   LP_TRY(validate_project(cfg));
   configure_threads(cfg.run.threads);
-  LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg.model.dtype));
-  const fs::path model_path = cfg.resolve(cfg.model.path);
-  LP_TRY_ASSIGN(w, load_llama(model_path, {dtype}));
-  const fs::path tok_path = cfg.tokenizer.path.empty() ? model_path : cfg.resolve(cfg.tokenizer.path);
-  LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
-  std::error_code ec;
-  const fs::path tok_dir = fs::is_directory(tok_path, ec) ? tok_path : tok_path.parent_path();
-  LP_TRY_ASSIGN(data, load_training_data(cfg, *tok, tok_dir));
+  LP_TRY_ASSIGN(in, load_project_inputs(cfg));
+  auto& w = in.weights;
+  auto& data = in.data;
   lora_adapters lora;
   if (!adapter_dir.empty()) {
     LP_TRY_ASSIGN(l, load_peft_adapter(adapter_dir, w));
