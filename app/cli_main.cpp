@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <iostream>
+#include <sstream>
 #include <iterator>
 
 #include <CLI/CLI.hpp>
@@ -26,6 +27,7 @@
 #include "core/project.h"
 #include "core/schedule.h"
 #include "core/schedule_sim.h"
+#include "core/transport.h"
 #include "core/safetensors.h"
 #include "core/tensor_io.h"
 #include "core/tokenizer.h"
@@ -195,10 +197,23 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
   c.steady_state = true;
   auto r = simulate(*prog, c);
   if (!r.ok) return cli_fail(fmt::format("the generated program is invalid: {}\n{}", r.error, r.grid));
+  // Memory plan (the weight arena each device reserves) and the transport of every link.
+  std::vector<size_t> stage_bytes;
+  for (double b : c.weight_bytes) stage_bytes.push_back(static_cast<size_t>(b));
+  const auto arenas = plan_weight_arenas(*prog, stage_bytes, weight_alignment);
+  auto facts_r = describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu"));
+  if (!facts_r) return cli_fail(facts_r.message());
+  const auto& facts = *facts_r;
+  auto links = choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available());
+  if (!links) return cli_fail(links.message());
   if (as_json) {
     nlohmann::json j = {{"schedule", prog->schedule}, {"devices", prog->num_devices()}, {"micro_batches", prog->micro_batches},
                         {"stages", prog->stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
                         {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(*prog)}};
+    for (const auto& a : arenas)
+      j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
+    for (const auto& l : *links)
+      j["transports"].push_back({{"from", l.from}, {"to", l.to}, {"kind", transport_name(l.kind)}, {"reason", l.reason}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -206,7 +221,10 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
                            prog->num_devices(), prog->stages.size(), prog->micro_batches, tokens);
   std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
   for (size_t d = 0; d < r.peak_bytes.size(); ++d)
-    std::cout << fmt::format("  device {}: peak memory {:.1f} MiB, busy {:.3f} s\n", d, r.peak_bytes[d] / 1048576.0, r.busy_s[d]);
+    std::cout << fmt::format("  device {}: peak memory {:.1f} MiB (weight arena {:.1f} MiB, {} stage(s) at once), busy {:.3f} s\n", d,
+                             r.peak_bytes[d] / 1048576.0, arenas[d].bytes / 1048576.0, arenas[d].max_stages, r.busy_s[d]);
+  for (const auto& l : *links)
+    std::cout << fmt::format("  link {} -> {}: {} ({})\n", facts[l.from].name, facts[l.to].name, transport_name(l.kind), l.reason);
   if (show_grid) std::cout << r.grid;
   return 0;
 }
@@ -237,6 +255,7 @@ int main(int argc, char** argv) {
   train->add_option("--output", ta.output, "Override run.output_dir");
   train->add_option("--devices", ta.devices, "Override parallel.devices (cpu)");
   train->add_option("--schedule", ta.schedule, "Override parallel.schedule (single)");
+  train->add_option("--transport", ta.transport, "Override parallel.transport (auto, host, peer, nccl)");
   train->add_option("--threads", ta.threads, "Override run.threads");
   train->add_flag("--json", ta.json, "Print events as JSON lines on stderr");
   train->add_option("--db", ta.db, "Run database (default: run.database, $LORAPIPE_DB or the XDG data dir)");

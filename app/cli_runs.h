@@ -14,7 +14,7 @@ namespace lorapipe {
 struct train_args {
   std::string project;
   int64_t steps = -1;
-  std::string output, devices, schedule, db;
+  std::string output, devices, schedule, transport, db;
   int64_t threads = -1;
   bool json = false;
 };

@@ -153,6 +153,7 @@ int cmd_train(const train_args& a, const std::atomic<bool>& stop) {
   if (!a.output.empty()) cfg.run.output_dir = fs::absolute(a.output).string();
   if (!a.devices.empty()) cfg.parallel.devices = a.devices;
   if (!a.schedule.empty()) cfg.parallel.schedule = a.schedule;
+  if (!a.transport.empty()) cfg.parallel.transport = a.transport;
   if (a.threads >= 0) cfg.run.threads = a.threads;
   if (auto st = validate_project(cfg); !st) return cli_fail(fmt::format("{} is not valid:\n{}", a.project, st.message()));
   // Refuse an output folder we cannot write before a run is recorded.

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "core/errors.h"
+#include "core/schedule_sim.h"
 
 namespace lorapipe {
 namespace {
@@ -95,8 +96,9 @@ struct pipeline_executor::impl {
   struct resident_weights {
     std::shared_future<void> ready;
     std::shared_ptr<stage_weights> weights;
-    block_ptr mem;
+    std::shared_ptr<void> block;  // the stage's block in the device's weight arena
   };
+  std::vector<weight_arena_plan> weight_plan;  // per device, from the program (memory plan)
   std::vector<std::map<int32_t, resident_weights>> on_device;
 
   // Per-step shared state.
@@ -147,6 +149,35 @@ struct pipeline_executor::impl {
           stage_params[in.stage] = ps;
           optim[in.stage] = std::make_unique<adamw>(ps, opt);
         }
+    std::vector<size_t> stage_bytes;
+    for (const auto& st : prog.stages) {
+      std::vector<size_t> sizes;
+      for (const auto& t : stage_host_weights(st)) sizes.push_back(nbytes(t));
+      stage_bytes.push_back(layout_block(sizes, weight_alignment).bytes);
+    }
+    weight_plan = plan_weight_arenas(prog, stage_bytes, weight_alignment);
+  }
+
+  transport_kind link_kind(int32_t from, int32_t to) const {
+    for (const auto& l : po.transports)
+      if (l.from == from && l.to == to) return l.kind;
+    return transport_kind::host_staged;
+  }
+
+  // The frozen host tensors of a stage, in the order they are laid out in its weight block.
+  std::vector<at::Tensor> stage_host_weights(const stage_def& st) const {
+    std::vector<at::Tensor> out;
+    for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+      out.push_back(w.layers[l].input_norm);
+      out.push_back(w.layers[l].post_norm);
+      for (const auto& p : w.layers[l].proj) out.push_back(p);
+    }
+    if (st.has_embed) out.push_back(w.embed);
+    if (st.has_head) {
+      out.push_back(w.final_norm);
+      if (!(st.has_embed && w.cfg.tie_word_embeddings)) out.push_back(w.lm_head);
+    }
+    return out;
   }
 
   void fail(const std::string& msg) {
@@ -236,32 +267,49 @@ struct pipeline_executor::impl {
       std::lock_guard lock(mu);
       trace.push_back({d, in, std::chrono::duration<double>(a - t0).count(), std::chrono::duration<double>(b - t0).count()});
     };
-    // Ships a tensor to another device: download here, then upload there, then the mailbox.
+    // Ships a tensor to another device, then the mailbox. Host-staged: download here into the
+    // staging pool, then upload there. Peer: one copy driven by this device's download engine.
     auto send = [&](char kind, int32_t boundary, int32_t m, int32_t peer, async_tensor t) {
-      auto host_copy = std::make_shared<at::Tensor>();
       const size_t bytes = nbytes(t.get());
       compute_device* to = devs[peer];
       compute_device* from = &dev;
-      dev.download().submit(bytes, [this, t, host_copy, bytes, from, to, kind, boundary, m, peer] {
+      auto deliver = [this, to, bytes, kind, boundary, m, peer](auto&& copy) {
+        try {
+          auto mem = std::make_shared<arena_block>(to->arena(), bytes);
+          auto on_device = async_tensor::ready(copy(), mem);
+          std::lock_guard lock(mu);
+          mailbox[{kind, boundary, m, peer}] = on_device;
+          cv.notify_all();
+        } catch (const std::exception& e) {
+          fail(e.what());
+        }
+      };
+      if (link_kind(d, peer) == transport_kind::nccl) {  // stream-ordered on this thread; RECV posts the other end
+        dev.nccl_send(peer, t.get());
+        return;
+      }
+      if (link_kind(d, peer) == transport_kind::peer) {
+        dev.download().submit(bytes, [t, from, to, deliver] { deliver([&] { return to->copy_from_peer(*from, t.get()); }); });
+        return;
+      }
+      auto host_copy = std::make_shared<at::Tensor>();
+      dev.download().submit(bytes, [t, host_copy, bytes, from, to, deliver] {
         *host_copy = from->copy_out(t.get());
-        to->upload().submit(bytes, [this, host_copy, to, kind, boundary, m, peer] {
-          try {
-            auto mem = std::make_shared<arena_block>(to->arena(), nbytes(*host_copy));
-            auto on_device = async_tensor::ready(to->copy_in(*host_copy, false), mem);
-            std::lock_guard lock(mu);
-            mailbox[{kind, boundary, m, peer}] = on_device;
-            cv.notify_all();
-          } catch (const std::exception& e) {
-            fail(e.what());
-          }
-        });
+        to->upload().submit(bytes, [host_copy, to, deliver] { deliver([&] { return to->copy_in(*host_copy); }); });
       });
     };
-    auto recv = [&](char kind, int32_t boundary, int32_t m) {
+    auto recv = [&](char kind, int32_t boundary, int32_t m, int32_t from) {
+      const char slot = kind == 'A' ? 'a' : 'g';
+      if (link_kind(from, d) == transport_kind::nccl) {  // activations and gradients: [b,T,D] in the compute dtype
+        const auto& tok = mbs[m].tokens;
+        auto t = dev.nccl_recv(from, {tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.scalar_type());
+        keep(slot, boundary, m, t);
+        return;
+      }
       std::unique_lock lock(mu);
       const auto key = std::make_tuple(kind, boundary, m, d);
       wait(lock, [&] { return mailbox.count(key) > 0; });
-      local[{kind == 'A' ? 'a' : 'g', boundary, m}] = mailbox[key];  // its arena block moves along
+      local[{slot, boundary, m}] = mailbox[key];  // its arena block moves along
       mailbox.erase(key);
     };
 
@@ -273,37 +321,40 @@ struct pipeline_executor::impl {
           break;  // micro-batches are host tensors; the stage reads tokens/labels directly
         case op::prefetch_weights: {
           if (weights.count(s)) break;  // still resident from an earlier step
+          // Placement now, in program order (the memory plan sized the arena for exactly this
+          // sequence); the copy runs on the weight-upload engine.
+          auto host_list = stage_host_weights(st);
+          auto place = dev.place_weights(host_list, weight_plan[d].slot_bytes);
+          if (!place) throw out_of_memory_error(place.message());
           auto sw = std::make_shared<stage_weights>();
-          size_t bytes = 0;
-          for (int32_t l = st.first_layer; l < st.last_layer; ++l)
-            for (const auto& t : w.layers[l].proj) bytes += nbytes(t);
-          for (int32_t l = st.first_layer; l < st.last_layer; ++l) bytes += nbytes(w.layers[l].input_norm) * 2;
-          if (st.has_embed) bytes += nbytes(w.embed);
-          if (st.has_head) bytes += nbytes(w.final_norm) + (st.has_embed && w.cfg.tie_word_embeddings ? 0 : nbytes(w.lm_head));
-          auto mem = std::make_shared<arena_block>(dev.arena(), bytes);
           compute_device* devp = &dev;
-          weights[s] = {dev.weight_upload().submit(bytes, [this, sw, st, devp] {
-            auto in = [devp](const at::Tensor& t) { return devp->copy_in(t, true); };
+          const size_t bytes = place->bytes;
+          weights[s] = {dev.weight_upload().submit(bytes, [sw, st, devp, p = *place, host_list, tied = w.cfg.tie_word_embeddings] {
+            auto t = devp->upload_weights(p, host_list);
+            size_t i = 0;
             for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
-              const auto& src = w.layers[l];
               layer_weights lw;
-              lw.input_norm = in(src.input_norm);
-              lw.post_norm = in(src.post_norm);
-              for (int i = 0; i < num_lora_targets; ++i) lw.proj[i] = in(src.proj[i]);
+              lw.input_norm = t[i++];
+              lw.post_norm = t[i++];
+              for (int k = 0; k < num_lora_targets; ++k) lw.proj[k] = t[i++];
               sw->layers.push_back(std::move(lw));
             }
-            if (st.has_embed) sw->embed = in(w.embed);
+            if (st.has_embed) sw->embed = t[i++];
             if (st.has_head) {
-              sw->final_norm = in(w.final_norm);
-              sw->lm_head = st.has_embed && w.cfg.tie_word_embeddings ? sw->embed : in(w.lm_head);
+              sw->final_norm = t[i++];
+              sw->lm_head = st.has_embed && tied ? sw->embed : t[i++];
             }
-          }), sw, mem};
+          }), sw, place->block};
           break;
         }
         case op::release_weights:
           if (auto it = weights.find(s); it != weights.end()) {
             it->second.ready.get();
+            std::weak_ptr<void> block = it->second.block;
             weights.erase(it);
+            // The memory plan reuses this range for the next PREFETCH: nothing may still view it.
+            if (!block.expired())
+              throw lorapipe_error(fmt::format("{}: stage {}'s weights are still in use at RELEASE_WEIGHTS", dev.name(), s));
           }
           break;
         case op::forward:
@@ -415,10 +466,10 @@ struct pipeline_executor::impl {
           break;
         }
         case op::recv_act:
-          recv('A', st.first_layer, m);
+          recv('A', st.first_layer, m, in.peer);
           break;
         case op::recv_grad:
-          recv('G', st.last_layer, m);
+          recv('G', st.last_layer, m, in.peer);
           break;
         case op::offload_act:
           for (int32_t b : ckpt_bounds(s)) {
@@ -448,7 +499,7 @@ struct pipeline_executor::impl {
             async_tensor dst;
             dst.mem = std::make_shared<arena_block>(dev.arena(), nbytes(*src.value));
             compute_device* devp = &dev;
-            dst.done = dev.upload().submit(nbytes(*src.value), [src, devp, v = dst.value] { *v = devp->copy_in(src.get(), false); });
+            dst.done = dev.upload().submit(nbytes(*src.value), [src, devp, v = dst.value] { *v = devp->copy_in(src.get()); });
             local[{'c', b, m}] = dst;
           }
           break;
@@ -488,6 +539,8 @@ void pipeline_executor::flush() {
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.master[i]);
 }
 
+const std::vector<weight_arena_plan>& pipeline_executor::weight_plan() const { return d_->weight_plan; }
+
 std::vector<adamw*> pipeline_executor::optimizers() {
   auto& s = *d_;
   if (s.po.async_optimizer) {
@@ -516,6 +569,14 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     return make_error("pipeline: {} micro-batches given, the program expects {}", mbs.size(), prog_.micro_batches);
   if (s.devs.size() != prog_.devices.size())
     return make_error("pipeline: program for {} devices, {} given", prog_.devices.size(), s.devs.size());
+  // The weight arenas of the memory plan, reserved before anything else is allocated.
+  for (size_t d = 0; d < s.devs.size(); ++d) {
+    try {
+      LP_TRY(s.devs[d]->reserve_weight_arena(s.weight_plan[d].bytes));
+    } catch (const std::exception& e) {
+      return make_error("{}: weight arena of {} bytes: {}", s.devs[d]->name(), s.weight_plan[d].bytes, e.what());
+    }
+  }
   s.mailbox.clear();
   s.host.clear();
   s.backward_left = s.total_backward;
@@ -525,7 +586,10 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   s.grad_norm = 0;
   s.loss_sum = 0;
   s.trace.clear();
-  for (auto* d : s.devs) d->arena().reset_peak();
+  for (auto* d : s.devs) {
+    d->arena().reset_peak();
+    if (auto* wa = d->weight_arena()) wa->reset_peak();
+  }
   const int main_threads = at::get_num_threads();
   s.t0 = clock_type::now();
   std::vector<std::thread> threads;
@@ -587,7 +651,11 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
       return norm;
     });
   }
-  for (auto* d : s.devs) r.peak_bytes.push_back(d->arena().peak());
+  for (auto* d : s.devs) {
+    r.peak_bytes.push_back(d->arena().peak());
+    r.weight_arena_bytes.push_back(d->weight_arena() != nullptr ? d->weight_arena()->capacity() : 0);
+    r.weight_arena_peak.push_back(d->weight_arena() != nullptr ? d->weight_arena()->peak() : 0);
+  }
   r.trace = s.trace;
   return r;
 }

@@ -2,7 +2,7 @@
 // list (a switch over the instruction kind), frozen base weights are uploaded from host memory into
 // each device's arena by PREFETCH_WEIGHTS (double-buffered by the generators) and freed by
 // RELEASE_WEIGHTS, stage inputs are checkpointed, offloaded to host and reloaded for recompute,
-// activations and gradients cross devices through the copy engines (host-staged transport).
+// activations and gradients cross devices through the copy engines, host-staged or peer per link.
 // LoRA parameters keep their AdamW state per stage; OPTIMIZER_STEP applies it after a global
 // gradient-norm clip. One call = one training iteration.
 #pragma once
@@ -18,6 +18,8 @@
 #include "core/optimizer.h"
 #include "core/result.h"
 #include "core/schedule.h"
+#include "core/schedule_sim.h"
+#include "core/transport.h"
 #include "offload/device.h"
 
 namespace lorapipe {
@@ -40,7 +42,8 @@ struct pipeline_step_result {
   double loss = 0;       // mean over micro-batches
   double grad_norm = 0;  // before clipping
   double seconds = 0;
-  std::vector<size_t> peak_bytes;  // per device arena peak during the step
+  std::vector<size_t> peak_bytes;  // per device arena peak during the step (weight arena included)
+  std::vector<size_t> weight_arena_bytes, weight_arena_peak;  // per device: reserved, used at the peak
   std::vector<instr_timing> trace;  // compute instructions (F, R, B) with times
 };
 
@@ -56,6 +59,8 @@ struct pipeline_options {
   // One-step-stale asynchronous optimizer (opt-in): the AdamW step of iteration i runs on a master
   // copy of the LoRA weights while iteration i+1 computes with the weights from before step i.
   bool async_optimizer = false;
+  // Per link (choose_transports); links not listed are host-staged.
+  std::vector<link_transport> transports;
 };
 
 class pipeline_executor {
@@ -72,6 +77,9 @@ class pipeline_executor {
   result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
                                     bool apply_optimizer = true);
   const program& prog() const { return prog_; }
+  // Memory plan: the weight arena each device reserves (first-fit placement of the program's
+  // PREFETCH/RELEASE sequence, made before anything is allocated).
+  const std::vector<weight_arena_plan>& weight_plan() const;
   // Async optimizer: waits for the pending step and installs its result in the LoRA weights (call
   // before saving or evaluating). No-op otherwise.
   void flush();

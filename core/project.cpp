@@ -207,6 +207,9 @@ status validate_project(const project_config& c) {
   need(!pipelined || c.run.grad_accum == 1, "run.grad_accum", "must be 1 with a pipeline schedule (use parallel.micro_batches)");
   need(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be at least 1");
   need(c.parallel.threads_per_device >= 1 && c.parallel.threads_per_device <= 256, "parallel.threads_per_device", "must be in 1..256");
+  need(c.parallel.transport == "auto" || c.parallel.transport == "host" || c.parallel.transport == "peer" ||
+           c.parallel.transport == "nccl",
+       "parallel.transport", "must be auto, host, peer or nccl");
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
        "must be stage or layer");
   need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");

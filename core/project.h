@@ -64,6 +64,7 @@ struct project_config {
     int64_t micro_batches = 4;
     int64_t virtual_stages = 2;
     int64_t threads_per_device = 1;
+    std::string transport = "auto";
   } parallel;
   struct {
     bool stream_weights = true;
@@ -134,6 +135,9 @@ void visit_fields(C& c, F&& f) {
   f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size).");
   f("parallel.virtual_stages", c.parallel.virtual_stages, "Interleaved 1F1B: stages per device.");
   f("parallel.threads_per_device", c.parallel.threads_per_device, "Compute threads of each CPU virtual device.");
+  f("parallel.transport", c.parallel.transport,
+    "How tensors cross between stages, chosen per link and logged: auto (peer copy where the GPUs allow it, else host-staged), "
+    "host (through exact-size pinned host memory), peer (device to device), nccl (CUDA, distinct GPUs).");
   f("offload.stream_weights", c.offload.stream_weights, "Pipelines: upload frozen weights per stage and free them after use (else keep them resident).");
   f("offload.activations", c.offload.activations, "Pipelines: move stage-boundary checkpoints to host memory between forward and backward.");
   f("offload.recompute", c.offload.recompute, "Pipelines: recompute each stage before its backward (bound schedules; round-robin always does).");

@@ -6,6 +6,8 @@
 #include <set>
 #include <tuple>
 
+#include "offload/memory_arena.h"
+
 namespace lorapipe {
 
 sim_costs uniform_costs(const program& p, double t_f, double t_b) {
@@ -284,6 +286,44 @@ sim_result simulate(const program& p, const sim_costs& c) {
   r.bubble_ratio = r.makespan_s > 0 ? 1.0 - busy / (D * r.makespan_s) : 0.0;
   r.grid = program_grid(p);
   return r;
+}
+
+namespace {
+// High-water offset and stages held at once of a device's PREFETCH/RELEASE sequence (two iterations).
+weight_arena_plan place_sequence(const std::vector<instr>& list, const std::vector<size_t>& stage_bytes, size_t alignment,
+                                 size_t slot) {
+  memory_arena arena("plan", size_t{1} << 62, alignment, /*contiguous=*/true);
+  std::map<int32_t, size_t> resident;  // stage -> offset
+  weight_arena_plan w;
+  w.slot_bytes = slot;
+  for (int iteration = 0; iteration < 2; ++iteration)
+    for (const auto& in : list) {
+      if (in.kind == op::prefetch_weights && !resident.count(in.stage)) {
+        resident[in.stage] = arena.allocate(std::max(slot, stage_bytes.at(static_cast<size_t>(in.stage)))).value();
+        w.max_stages = std::max(w.max_stages, static_cast<int32_t>(resident.size()));
+      } else if (in.kind == op::release_weights) {
+        if (auto it = resident.find(in.stage); it != resident.end()) {
+          arena.release(it->second);
+          resident.erase(it);
+        }
+      }
+    }
+  w.bytes = arena.high_water();
+  return w;
+}
+}  // namespace
+
+std::vector<weight_arena_plan> plan_weight_arenas(const program& p, const std::vector<size_t>& stage_bytes, size_t alignment) {
+  std::vector<weight_arena_plan> out;
+  for (const auto& list : p.devices) {
+    size_t largest = 0;
+    for (const auto& in : list)
+      if (in.kind == op::prefetch_weights) largest = std::max(largest, stage_bytes.at(static_cast<size_t>(in.stage)));
+    const auto exact = place_sequence(list, stage_bytes, alignment, 0);
+    const auto slots = place_sequence(list, stage_bytes, alignment, largest);
+    out.push_back(slots.bytes < exact.bytes ? slots : exact);
+  }
+  return out;
 }
 
 }  // namespace lorapipe

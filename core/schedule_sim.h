@@ -42,4 +42,17 @@ struct sim_result {
 
 sim_result simulate(const program& p, const sim_costs& c);
 
+// The weight arena a device needs (memory plan, made before anything is allocated): every
+// PREFETCH_WEIGHTS places its stage's block (stage_bytes[stage]) first fit at `alignment`,
+// RELEASE_WEIGHTS frees it, over two iterations so stages left resident or prefetched for the next
+// iteration carry over, exactly as the executor does. bytes = the high-water offset. Blocks of
+// different sizes can fragment the arena; when equal slots of the device's largest stage need less
+// (the classic double buffer), every block is placed as one such slot instead.
+struct weight_arena_plan {
+  size_t bytes = 0;
+  int32_t max_stages = 0;  // stages held at once (2 = double buffering)
+  size_t slot_bytes = 0;   // > 0: every block takes this many bytes (fixed slots)
+};
+std::vector<weight_arena_plan> plan_weight_arenas(const program& p, const std::vector<size_t>& stage_bytes, size_t alignment);
+
 }  // namespace lorapipe

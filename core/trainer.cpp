@@ -227,20 +227,33 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
     if (!check.ok) return make_error("parallel.schedule: generated program is invalid: {}\n{}", check.error, check.grid);
     std::vector<compute_device*> raw;
     for (auto& d : devices) raw.push_back(d.get());
+    std::vector<device_facts> facts;
+    for (auto& d : devices) facts.push_back({d->name(), d->gpu()});
+    LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available()));
+    if (cfg.parallel.transport == "nccl") LP_TRY(enable_nccl(raw));
     obs.on_event(log_event{log_event::level::info,
-                           fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {}; transport host-staged)",
+                           fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {})",
                                        prog->schedule, cfg.parallel.devices, prog->stages.size(), prog->micro_batches,
                                        so.stream_weights ? "streamed" : "resident", so.offload_activations ? "offloaded" : "on device")});
+    obs.on_event(log_event{log_event::level::info, "transports: " + describe_transports(links, facts)});
     bubble = check.bubble_ratio;
     pipeline_options po;
     po.layer_recompute = cfg.offload.recompute_granularity == "layer";
     po.async_optimizer = cfg.optimizer.asynchronous;
+    po.transports = links;
     if (po.async_optimizer)
       obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
     pipe = std::make_unique<pipeline_executor>(w, lora, std::move(*prog), raw,
                                                adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2,
                                                             cfg.optimizer.eps, cfg.optimizer.weight_decay},
                                                po);
+    std::string arenas;
+    for (size_t d = 0; d < raw.size(); ++d) {
+      const auto& wp = pipe->weight_plan()[d];
+      arenas += fmt::format("{}{} {:.2f} MiB ({} stage(s) at once{})", d ? "; " : "", raw[d]->name(), wp.bytes / 1048576.0, wp.max_stages,
+                            wp.slot_bytes ? fmt::format(", slots of {:.2f} MiB", wp.slot_bytes / 1048576.0) : "");
+    }
+    obs.on_event(log_event{log_event::level::info, "memory plan: weight arenas " + arenas});
   }
 
   // The optimizers that own the LoRA state and the PEFT names of their parameters (checkpoints).

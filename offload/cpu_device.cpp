@@ -1,7 +1,13 @@
 // CPU virtual devices: see device.h.
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <sstream>
 
+#include <fmt/format.h>
+
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "offload/device.h"
@@ -17,36 +23,111 @@ cpu_device::cpu_device(int index, const cpu_device_options& o)
       wup_(name_ + "/h2d-weights", o.copy_bytes_per_s, o.copy_latency_s),
       up_(name_ + "/h2d", o.copy_bytes_per_s, o.copy_latency_s),
       down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s),
-      threads_(o.compute_threads) {}
+      threads_(o.compute_threads) {
+  staging_ = staging_pool::create(name_ + "/staging", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
+}
 
-at::Tensor cpu_device::copy_in(const at::Tensor& host, bool) { return host.clone(); }
-at::Tensor cpu_device::copy_out(const at::Tensor& on_device) { return on_device.clone(); }
+cpu_device::~cpu_device() { detach_weight_arena(); }
+
+at::Tensor cpu_device::copy_in(const at::Tensor& host) { return host.clone(); }
+
+at::Tensor cpu_device::copy_out(const at::Tensor& on_device) {
+  const at::Tensor src = on_device.contiguous();
+  const size_t bytes = src.numel() * src.element_size();
+  auto block = staging_->acquire(bytes);
+  if (bytes > 0) std::memcpy(block.get(), src.data_ptr(), bytes);
+  return at::from_blob(block.get(), src.sizes(), [block](void*) {}, src.options());
+}
+
+at::Tensor cpu_device::copy_from_peer(compute_device&, const at::Tensor& src) { return src.clone(); }
+
 void cpu_device::enter_compute_thread() { at::set_num_threads(threads_); }
 
-result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o) {
-  int n = 1;
+std::shared_ptr<void> cpu_device::allocate_region(size_t bytes) {
+  const size_t n = (bytes + weight_alignment - 1) / weight_alignment * weight_alignment;
+  void* p = std::aligned_alloc(weight_alignment, n);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+void cpu_device::copy_weights_to(void* dst, const at::Tensor& host) {
+  std::memcpy(dst, host.data_ptr(), host.numel() * host.element_size());
+}
+
+bool gpu_peer_access(int from, int to) {
+#ifdef LORAPIPE_HAS_CUDA
+  return cuda_peer_access(from, to);
+#else
+  (void)from;
+  (void)to;
+  return false;
+#endif
+}
+
+bool nccl_available() {
+#ifdef LORAPIPE_HAS_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+status enable_nccl(const std::vector<compute_device*>& devices) {
+#ifdef LORAPIPE_HAS_NCCL
+  return enable_cuda_nccl(devices);
+#else
+  (void)devices;
+  return make_error("parallel.transport: nccl: this build has no NCCL (configure with LORAPIPE_WITH_CUDA=ON)");
+#endif
+}
+
+namespace {
+// "cpu" / "cpu:N" -> N CPU virtual devices; "cuda:I,J,..." -> those GPU ordinals.
+struct device_spec {
+  int cpus = 0;
+  std::vector<int> gpus;
+};
+result<device_spec> parse_device_spec(const std::string& spec) {
+  device_spec out;
   if (spec == "cpu") {
-    n = 1;
+    out.cpus = 1;
   } else if (spec.rfind("cpu:", 0) == 0) {
     const char* b = spec.data() + 4;
-    auto [p, ec] = std::from_chars(b, spec.data() + spec.size(), n);
-    if (ec != std::errc() || p != spec.data() + spec.size() || n < 1 || n > 64)
+    auto [p, ec] = std::from_chars(b, spec.data() + spec.size(), out.cpus);
+    if (ec != std::errc() || p != spec.data() + spec.size() || out.cpus < 1 || out.cpus > 64)
       return make_error("parallel.devices: '{}' should be cpu:N with N in 1..64", spec);
   } else if (spec.rfind("cuda:", 0) == 0) {
-    std::vector<int> ids;
     std::stringstream ss(spec.substr(5));
     for (std::string item; std::getline(ss, item, ',');) {
       int id = -1;
       auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
       if (ec != std::errc() || p != item.data() + item.size() || id < 0)
         return make_error("parallel.devices: '{}' should be cuda:I,J,... with GPU indices", spec);
-      ids.push_back(id);
+      out.gpus.push_back(id);
     }
-    if (ids.empty()) return make_error("parallel.devices: '{}' names no GPU", spec);
+    if (out.gpus.empty()) return make_error("parallel.devices: '{}' names no GPU", spec);
+  } else {
+    return make_error("parallel.devices: '{}' is not a device list (cpu, cpu:N, cuda:I,J,...)", spec);
+  }
+  return out;
+}
+}  // namespace
+
+result<std::vector<device_facts>> describe_devices(const std::string& spec) {
+  LP_TRY_ASSIGN(ds, parse_device_spec(spec));
+  std::vector<device_facts> out;
+  for (int i = 0; i < ds.cpus; ++i) out.push_back({"cpu:" + std::to_string(i), -1});
+  for (size_t i = 0; i < ds.gpus.size(); ++i) out.push_back({fmt::format("cuda:{}#{}", ds.gpus[i], i), ds.gpus[i]});
+  return out;
+}
+
+result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o) {
+  LP_TRY_ASSIGN(ds, parse_device_spec(spec));
+  std::vector<std::unique_ptr<compute_device>> out;
+  if (!ds.gpus.empty()) {
 #ifdef LORAPIPE_HAS_CUDA
-    std::vector<std::unique_ptr<compute_device>> out;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      auto d = make_cuda_device(static_cast<int>(i), ids[i], o);
+    for (size_t i = 0; i < ds.gpus.size(); ++i) {
+      auto d = make_cuda_device(static_cast<int>(i), ds.gpus[i], o);
       if (!d) return d.err();
       out.push_back(std::move(*d));
     }
@@ -54,11 +135,8 @@ result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::str
 #else
     return make_error("parallel.devices: '{}': this build has no CUDA support (configure with LORAPIPE_WITH_CUDA=ON)", spec);
 #endif
-  } else {
-    return make_error("parallel.devices: '{}' is not a device list (cpu, cpu:N)", spec);
   }
-  std::vector<std::unique_ptr<compute_device>> out;
-  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<cpu_device>(i, o));
+  for (int i = 0; i < ds.cpus; ++i) out.push_back(std::make_unique<cpu_device>(i, o));
   return out;
 }
 

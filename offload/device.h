@@ -1,7 +1,10 @@
 // The device interface the pipeline executor drives: a memory arena (capacity-limited, OOM like a
 // GPU), three copy engines (weight upload, activation upload, download: so weight prefetch never
-// delays the critical activation traffic), the tensor copies those engines run, and the setup of a
-// compute thread. Implementations: CPU virtual devices (here) and CUDA devices (offload/cuda/).
+// delays the critical activation traffic), the tensor copies those engines run, a preallocated
+// weight arena that PREFETCH_WEIGHTS places frozen weights in, an exact-size host staging pool, and
+// the setup of a compute thread. Implementations: CPU virtual devices (here) and CUDA devices
+// (offload/cuda/). What differs between them is where memory lives and how bytes get there; the
+// placement, accounting and release logic is shared (device.cpp) and so runs in the CPU tests.
 #pragma once
 
 #include <memory>
@@ -12,14 +15,30 @@
 #include <c10/core/Device.h>
 
 #include "core/result.h"
+#include "core/transport.h"
 #include "offload/copy_engine.h"
 #include "offload/memory_arena.h"
+#include "offload/staging_pool.h"
 
 namespace lorapipe {
 
+inline constexpr size_t weight_alignment = 256;  // every weight tensor starts at a multiple of this
+
+struct weight_region;  // the preallocated memory behind a weight arena (device.cpp)
+
+// One block of a weight arena, allocated by place_weights on the worker thread (so placement follows
+// program order) and filled by upload_weights on the weight-upload engine. The block goes back to
+// the arena when the placement and every tensor made from it are gone.
+struct weight_placement {
+  std::shared_ptr<void> block;  // owns the arena block
+  char* base = nullptr;         // device address of the block
+  std::vector<size_t> offsets;  // per tensor, from base
+  size_t bytes = 0;
+};
+
 class compute_device {
  public:
-  virtual ~compute_device() = default;
+  virtual ~compute_device();
   virtual const std::string& name() const = 0;
   virtual memory_arena& arena() = 0;
   virtual copy_engine& weight_upload() = 0;  // host -> device: frozen weights (PREFETCH_WEIGHTS)
@@ -27,12 +46,56 @@ class compute_device {
   virtual copy_engine& download() = 0;       // device -> host: offloaded checkpoints, sent tensors
   virtual int compute_threads() const = 0;
   virtual c10::Device torch_device() const = 0;
+  virtual int gpu() const { return -1; }  // the CUDA ordinal behind the device; -1 on CPU
   // Run on the copy engines' threads: the returned tensor is complete when the call returns.
-  // `weights`: the copy is a frozen weight (weight-upload stream; host memory may be registered).
-  virtual at::Tensor copy_in(const at::Tensor& host, bool weights) = 0;
+  // copy_out lands in the staging pool (exact size; pinned on CUDA).
+  virtual at::Tensor copy_in(const at::Tensor& host) = 0;
   virtual at::Tensor copy_out(const at::Tensor& on_device) = 0;
+  // Peer transport: `src` (on device `from`) copied straight into this device, no host bounce.
+  // Runs on `from`'s download engine. Only for links choose_transports() marked peer.
+  virtual at::Tensor copy_from_peer(compute_device& from, const at::Tensor& src) = 0;
   // Called once by the executor's worker thread of this device before it computes.
   virtual void enter_compute_thread() = 0;
+  // NCCL transport (CUDA builds, after enable_nccl): stream-ordered send to / receive from the
+  // pipeline device `peer`, called on this device's worker thread in program order; no host wait
+  // (the received tensor is ready for this device's compute stream). Others throw device_error.
+  virtual void nccl_send(int peer, const at::Tensor& t);
+  virtual at::Tensor nccl_recv(int peer, at::IntArrayRef sizes, at::ScalarType dtype);
+
+  // Weight arena: reserves exactly `bytes` of device memory for the device's lifetime, charged to
+  // arena() (so activations get the rest). A second call with the same or a smaller size keeps the
+  // arena; a larger one replaces it (no block may be in use then). Out of memory like a GPU.
+  status reserve_weight_arena(size_t bytes);
+  memory_arena* weight_arena() const;
+  // A block for `host` tensors (each at a weight_alignment offset; exact total, or `slot_bytes` when
+  // larger: fixed slots of the memory plan), or out of memory.
+  result<weight_placement> place_weights(const std::vector<at::Tensor>& host, size_t slot_bytes = 0);
+  // Copies `host` into the placement (weight-upload engine thread; complete on return). The tensors
+  // alias the block and keep it alive.
+  std::vector<at::Tensor> upload_weights(const weight_placement& p, const std::vector<at::Tensor>& host);
+  staging_stats staging() const;
+
+ protected:
+  compute_device();
+  // Device memory for a weight arena (freed by the returned pointer's deleter).
+  virtual std::shared_ptr<void> allocate_region(size_t bytes) = 0;
+  // Copies a contiguous host tensor to `dst` in device memory. Between begin and end (same thread)
+  // copies may be asynchronous; after end they are complete.
+  virtual void weight_upload_begin() {}
+  virtual void copy_weights_to(void* dst, const at::Tensor& host) = 0;
+  virtual void weight_upload_end() {}
+  // A weight block went back to the arena (any thread). CUDA: later uploads into the arena must
+  // wait until the compute stream has passed this point.
+  virtual void weights_released() {}
+  // Derived destructors call this first: no release notification reaches a half-destroyed device,
+  // and the region's charge leaves arena() while it still exists.
+  void detach_weight_arena();
+  // Host staging memory (pinned on CUDA) for copy_out.
+  std::shared_ptr<staging_pool> staging_;
+
+ private:
+  friend struct weight_region;
+  std::shared_ptr<weight_region> region_;
 };
 
 struct cpu_device_options {
@@ -42,11 +105,13 @@ struct cpu_device_options {
   int compute_threads = 1;
 };
 
-// A CPU "virtual device": tensors stay in host RAM, but every byte is accounted in the arena and
-// every transfer goes through the throttled copy engines, so pipelines behave like real ones.
+// A CPU "virtual device": tensors stay in host RAM, but every byte is accounted in the arena, frozen
+// weights live in a real preallocated weight region, and every transfer goes through the throttled
+// copy engines, so pipelines behave like real ones.
 class cpu_device final : public compute_device {
  public:
   cpu_device(int index, const cpu_device_options& o);
+  ~cpu_device() override;
   const std::string& name() const override { return name_; }
   memory_arena& arena() override { return arena_; }
   copy_engine& weight_upload() override { return wup_; }
@@ -54,9 +119,14 @@ class cpu_device final : public compute_device {
   copy_engine& download() override { return down_; }
   int compute_threads() const override { return threads_; }
   c10::Device torch_device() const override { return c10::Device(c10::DeviceType::CPU); }
-  at::Tensor copy_in(const at::Tensor& host, bool weights) override;
+  at::Tensor copy_in(const at::Tensor& host) override;
   at::Tensor copy_out(const at::Tensor& on_device) override;
+  at::Tensor copy_from_peer(compute_device& from, const at::Tensor& src) override;
   void enter_compute_thread() override;
+
+ protected:
+  std::shared_ptr<void> allocate_region(size_t bytes) override;
+  void copy_weights_to(void* dst, const at::Tensor& host) override;
 
  private:
   std::string name_;
@@ -68,5 +138,14 @@ class cpu_device final : public compute_device {
 // "cpu", "cpu:N" -> N CPU virtual devices; "cuda:0,1,.." -> CUDA devices (CUDA builds with a GPU;
 // an index may repeat to run several pipeline devices on one GPU).
 result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o);
+// The devices a spec names (names as the devices will have, GPU ordinals) without creating them.
+result<std::vector<device_facts>> describe_devices(const std::string& spec);
+// Whether GPU `to` can access GPU `from`'s memory directly (enabling it); false without CUDA.
+bool gpu_peer_access(int from, int to);
+// Whether this build has the NCCL transport.
+bool nccl_available();
+// Creates one NCCL communicator per device (rank = position) for the nccl transport: CUDA devices
+// on distinct GPUs only.
+status enable_nccl(const std::vector<compute_device*>& devices);
 
 }  // namespace lorapipe

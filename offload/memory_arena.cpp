@@ -23,14 +23,19 @@ result<size_t> memory_arena::allocate(size_t bytes) {
     peak_ = std::max(peak_, in_use_);
     return h;
   }
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < need) continue;
+  // Best fit (smallest free range that holds the block, lowest offset on ties): stages of different
+  // sizes alternating in a weight arena leave fewer holes than with first fit.
+  auto it = free_.end();
+  for (auto f = free_.begin(); f != free_.end(); ++f)
+    if (f->second >= need && (it == free_.end() || f->second < it->second)) it = f;
+  if (it != free_.end()) {
     const size_t off = it->first, rest = it->second - need;
     free_.erase(it);
     if (rest > 0) free_[off + need] = rest;
     used_[off] = need;
     in_use_ += need;
     peak_ = std::max(peak_, in_use_);
+    high_water_ = std::max(high_water_, off + need);
     return off;
   }
   return make_error("{}: out of memory: {} bytes requested, {} of {} in use", name_, bytes, in_use_, capacity_);
@@ -68,9 +73,23 @@ size_t memory_arena::peak() const {
   std::lock_guard lock(mu_);
   return peak_;
 }
+size_t memory_arena::high_water() const {
+  std::lock_guard lock(mu_);
+  return contiguous_ ? high_water_ : peak_;
+}
 void memory_arena::reset_peak() {
   std::lock_guard lock(mu_);
   peak_ = in_use_;
+}
+
+block_layout layout_block(const std::vector<size_t>& sizes, size_t alignment) {
+  block_layout b;
+  for (size_t n : sizes) {
+    const size_t at = (b.bytes + alignment - 1) / alignment * alignment;
+    b.offsets.push_back(at);
+    b.bytes = at + n;
+  }
+  return b;
 }
 
 }  // namespace lorapipe

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 
@@ -25,6 +26,9 @@ class memory_arena {
   size_t used() const;
   size_t peak() const;
   void reset_peak();
+  // Contiguous arenas: the highest end offset ever allocated (the size a preallocated region needs
+  // for the allocations seen so far); otherwise the peak.
+  size_t high_water() const;
   const std::string& name() const { return name_; }
 
  private:
@@ -35,7 +39,15 @@ class memory_arena {
   mutable std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> size, coalesced
   std::map<size_t, size_t> used_;  // offset -> size
-  size_t in_use_ = 0, peak_ = 0;
+  size_t in_use_ = 0, peak_ = 0, high_water_ = 0;
 };
+
+// One block holding pieces of `sizes` bytes back to back, each starting at a multiple of
+// `alignment` (the layout of a stage's weights in a weight arena; exact, no power-of-two rounding).
+struct block_layout {
+  std::vector<size_t> offsets;
+  size_t bytes = 0;  // end of the last piece
+};
+block_layout layout_block(const std::vector<size_t>& sizes, size_t alignment);
 
 }  // namespace lorapipe

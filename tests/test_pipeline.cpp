@@ -15,6 +15,7 @@
 #include "core/schedule.h"
 #include "core/schedule_sim.h"
 #include "core/trainer.h"
+#include "core/transport.h"
 #include "tests/test_paths.h"
 
 namespace fs = std::filesystem;
@@ -107,6 +108,20 @@ std::vector<case_def> all_cases() {
   cases.push_back({"1f1b uneven [2,3] layer recompute", make_1f1b(partition_from_sizes(5, {2, 3}).value(), o).value(), layer});
   cases.push_back({"round-robin fwd [2,3] bwd [2] layer",
                    make_round_robin(partition_from_sizes(5, {2, 3}).value(), partition_from_sizes(2, {2}).value(), o).value(), layer});
+  // Peer transport on every link (one direct copy instead of download + upload).
+  for (const auto& [name, devices] : std::vector<std::pair<std::string, int>>{{"1f1b", 3}, {"round-robin", 4}, {"interleaved", 2}}) {
+    schedule_options po_opts;
+    po_opts.devices = devices;
+    po_opts.micro_batches = 4;
+    auto prog = make_schedule(name, 5, po_opts).value();
+    std::vector<device_facts> facts;
+    for (int i = 0; i < devices; ++i) facts.push_back({"cpu:" + std::to_string(i), -1});
+    pipeline_options peer;
+    peer.transports = choose_transports(prog, facts, "peer", nullptr).value();
+    EXPECT_FALSE(peer.transports.empty());
+    for (const auto& l : peer.transports) EXPECT_EQ(l.kind, transport_kind::peer);
+    cases.push_back({fmt::format("{} x{} peer transport", name, devices), prog, peer});
+  }
   return cases;
 }
 }  // namespace
@@ -197,6 +212,44 @@ TEST(Pipeline, LossCurveOver20StepsMatchesSingleDevice) {
   }
 }
 
+TEST(Pipeline, WeightArenaPlacesExactBlocksAndReleasesThemWithTheirTensors) {
+  cpu_device_options dopt;
+  dopt.capacity_bytes = 64 * 1024;
+  cpu_device dev(0, dopt);
+  ASSERT_TRUE(dev.reserve_weight_arena(4096).ok());
+  EXPECT_EQ(dev.arena().used(), 4096u);  // charged to the device for its lifetime
+  auto a = torch::arange(100, torch::kFloat), b = torch::arange(7, torch::kFloat) * -1;  // f32 [100], f32 [7]
+  auto p = dev.place_weights({a, b});
+  ASSERT_TRUE(p.ok()) << p.message();
+  EXPECT_EQ(p->offsets, (std::vector<size_t>{0, 512}));  // 400 bytes, next tensor at the 256-byte boundary
+  EXPECT_EQ(p->bytes, 512u + 28u);
+  std::vector<at::Tensor> up = dev.upload_weights(*p, {a, b});
+  EXPECT_TRUE(torch::equal(up[0], a));
+  EXPECT_TRUE(torch::equal(up[1], b));
+  EXPECT_EQ(static_cast<char*>(up[1].data_ptr()), p->base + 512);  // lives in the arena, not a new allocation
+  EXPECT_EQ(dev.weight_arena()->used(), 768u);
+  EXPECT_FALSE(dev.reserve_weight_arena(8192).ok());  // cannot grow while a block is in use
+  auto full = dev.place_weights({torch::zeros({1000}, torch::kFloat)});  // 4000 bytes: no room left
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("out of memory"), std::string::npos) << full.message();
+  p = error{"dropped"};
+  EXPECT_EQ(dev.weight_arena()->used(), 768u);  // the tensors still hold the block
+  at::Tensor keep = up[1];
+  up.clear();
+  EXPECT_EQ(dev.weight_arena()->used(), 768u);
+  keep.reset();
+  EXPECT_EQ(dev.weight_arena()->used(), 0u);  // last view gone: the block is back
+  auto big = dev.place_weights({torch::zeros({900}, torch::kFloat)});  // 3600 bytes: 3840 with alignment
+  ASSERT_TRUE(big.ok());
+  // Fixed slots (memory plan's double buffer): a small stage still takes a whole slot.
+  EXPECT_TRUE(dev.place_weights({torch::zeros({2}, torch::kFloat)}).ok());         // 8 bytes fit in the last 256
+  EXPECT_FALSE(dev.place_weights({torch::zeros({2}, torch::kFloat)}, 2048).ok());  // a 2048-byte slot does not
+  big = error{"dropped"};
+  ASSERT_TRUE(dev.reserve_weight_arena(8192).ok());  // nothing in use: grows
+  EXPECT_EQ(dev.arena().used(), 8192u);
+  EXPECT_FALSE(dev.reserve_weight_arena(size_t{1} << 20).ok());  // beyond the device capacity
+}
+
 TEST(Pipeline, StreamsWeightsWhenDeviceCapacityIsBelowModelSize) {
   configure_threads(2);
   const auto& f = fx();
@@ -205,15 +258,17 @@ TEST(Pipeline, StreamsWeightsWhenDeviceCapacityIsBelowModelSize) {
     for (const auto& p : l.proj) model_bytes += p.numel() * 4;
     model_bytes += 2 * l.input_norm.numel() * 4;
   }
-  // Round-robin streams stage by stage (one layer each); each device gets 80% of the model's weight
-  // bytes, which must also hold activations and the recompute graph (8 micro-batches of 32 tokens).
+  // Round-robin streams stage by stage (one layer each); each device gets 90% of the model's weight
+  // bytes, which must hold the preallocated double-buffered weight arena (two slots of the largest
+  // stage: embedding or head + one layer) plus activations and the recompute graph (8 micro-batches
+  // of 32 tokens).
   schedule_options o;
   o.devices = 2;
   o.micro_batches = 8;
   auto fwd = partition_from_sizes(5, {1, 1, 1, 1, 1}).value(), bwd = partition_from_sizes(4, {1, 1, 1, 1}).value();
   auto prog = make_round_robin(fwd, bwd, o).value();
   cpu_device_options dopt;
-  dopt.capacity_bytes = model_bytes * 8 / 10;
+  dopt.capacity_bytes = model_bytes * 9 / 10;
   cpu_device d0(0, dopt), d1(1, dopt);
   auto ref = f.adapters();
   causal_lm_loss(forward(f.w, &ref, f.x, 0, nullptr, true), f.y).backward();
@@ -222,9 +277,18 @@ TEST(Pipeline, StreamsWeightsWhenDeviceCapacityIsBelowModelSize) {
   auto r = ex.step(split(f.x, f.y, 8), 0.0, 0.0, false);
   ASSERT_TRUE(r.ok()) << r.message();
   for (size_t i = 0; i < r->peak_bytes.size(); ++i) {
-    std::printf("device %zu: peak %zu bytes of capacity %zu (model weights %zu)\n", i, r->peak_bytes[i], dopt.capacity_bytes, model_bytes);
+    const auto& plan = ex.weight_plan()[i];
+    std::printf("device %zu: peak %zu bytes of capacity %zu (model weights %zu); weight arena %zu bytes (%d stages at once, "
+                "slot %zu), %zu used at the peak\n",
+                i, r->peak_bytes[i], dopt.capacity_bytes, model_bytes, plan.bytes, plan.max_stages, plan.slot_bytes,
+                r->weight_arena_peak[i]);
     EXPECT_LE(r->peak_bytes[i], dopt.capacity_bytes);
-    EXPECT_GT(r->peak_bytes[i], 0u);
+    EXPECT_GT(r->peak_bytes[i], r->weight_arena_bytes[i]);  // activations come on top of the arena
+    EXPECT_EQ(r->weight_arena_bytes[i], plan.bytes);        // reserved exactly as planned
+    EXPECT_LE(r->weight_arena_peak[i], plan.bytes);
+    EXPECT_GT(r->weight_arena_peak[i], 0u);
+    EXPECT_EQ(plan.max_stages, 2);  // double buffering: the next stage uploads while one computes
+    EXPECT_LT(plan.bytes, model_bytes * 2 / 3);  // the arena holds a fraction of the model
   }
   EXPECT_LE(max_rel(grads(a), grads(ref)), 1e-5);
   // The same program with weights kept resident does not fit: a clean out-of-memory error.

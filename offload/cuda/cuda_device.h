@@ -14,5 +14,10 @@ namespace lorapipe {
 
 // index: position in the pipeline; gpu: CUDA device ordinal (several pipeline devices may share one).
 result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, const cpu_device_options& o);
+// Whether `to_gpu` can read/write `from_gpu`'s memory directly (enables it when possible; the same
+// GPU always can).
+bool cuda_peer_access(int from_gpu, int to_gpu);
+// enable_nccl() for CUDA devices (see device.h).
+status enable_cuda_nccl(const std::vector<compute_device*>& devices);
 
 }  // namespace lorapipe

@@ -248,12 +248,34 @@ def main():
         plan = json.loads(plan_out) if rc == 0 else {}
         check("plan --json", rc == 0 and plan["devices"] == 3 and plan["stages"] == 3 and 0 < plan["bubble_ratio"] < 1
               and len(plan["peak_bytes"]) == 3 and "0F0" in plan["program"], err)
+        # The memory plan (weight arena per device: 1F1B keeps one stage resident) and a transport per link.
+        arenas, links = plan.get("weight_arenas", []), plan.get("transports", [])
+        check("plan --json: weight arenas and per-link transports",
+              len(arenas) == 3 and all(a["bytes"] > 0 and a["stages_at_once"] == 1 for a in arenas)
+              and sorted((l["from"], l["to"]) for l in links) == [(0, 1), (1, 0), (1, 2), (2, 1)]
+              and all(l["kind"] == "host-staged" and l["reason"] for l in links), json.dumps(plan.get("transports")))
+        pp["parallel"]["transport"] = "peer"
+        json.dump(pp, open(os.path.join(t, "pp.json"), "w"))
+        rc, plan_out, err = run(cli, "plan", os.path.join(t, "pp.json"))
+        check("plan: links with the peer transport", rc == 0 and "link cpu:0 -> cpu:1: peer" in plan_out
+              and "weight arena" in plan_out, plan_out[-600:] + err)
+        pp["parallel"]["transport"] = "nccl"
+        json.dump(pp, open(os.path.join(t, "pp.json"), "w"))
+        expect_clean_error(cli, "nccl transport on CPU virtual devices", ["plan", os.path.join(t, "pp.json")], "parallel.transport: nccl")
+        pp["parallel"]["transport"] = "pigeon"
+        json.dump(pp, open(os.path.join(t, "pp.json"), "w"))
+        expect_clean_error(cli, "multi: unknown transport", ["validate", os.path.join(t, "pp.json")], "parallel.transport")
+        del pp["parallel"]["transport"]
         pp["parallel"]["schedule"] = "zigzag"
         json.dump(pp, open(os.path.join(t, "pp.json"), "w"))
         expect_clean_error(cli, "multi: unknown schedule", ["plan", os.path.join(t, "pp.json")], "parallel.schedule")
         rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "4", "--output", os.path.join(t, "run2"),
                          "--devices", "cpu:2", "--schedule", "round-robin", "--threads", "2")
-        check("train --devices cpu:2 --schedule round-robin", rc == 0 and "pipeline: round-robin on cpu:2" in err, err[-400:])
+        check("train --devices cpu:2 --schedule round-robin", rc == 0 and "pipeline: round-robin on cpu:2" in err
+              and "transports: cpu:0 -> cpu:1 host-staged" in err and "memory plan: weight arenas cpu:0" in err, err[-600:])
+        rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "2", "--output", os.path.join(t, "run3"),
+                         "--devices", "cpu:2", "--schedule", "1f1b", "--transport", "peer", "--threads", "2")
+        check("train --transport peer (logged per link)", rc == 0 and "cpu:0 -> cpu:1 peer" in err and "cpu:1 -> cpu:0 peer" in err, err[-600:])
         merged = os.path.join(t, "merged")
         rc, _, err = run(cli, "export", "--model", os.path.join(stories, "hf"), "--adapter", os.path.join(out_dir, "adapter"), "--output", merged)
         rc2, out2, _ = run(cli, "generate", "--model", merged, "--prompt", "Once upon a time", "--max-new-tokens", "20")

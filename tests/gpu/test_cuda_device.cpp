@@ -1,5 +1,6 @@
 // CUDA device pieces on a real GPU: pinned/device buffers, streams, events, the bf16 cast kernel,
-// and OOM mapping to out_of_memory_error. Exits 77 (skipped) when no GPU is present.
+// and OOM mapping to out_of_memory_error. The gpu_tests binary (with test_cuda_pipeline.cpp) exits
+// 77 (skipped) when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>

@@ -1,0 +1,191 @@
+// Torch-free offload planning and memory: the exact-size staging pool, block layouts, the weight
+// arena memory plan (double buffering, fixed slots against fragmentation, resident stages), and the
+// per-link transport choice.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "core/schedule.h"
+#include "core/schedule_sim.h"
+#include "core/transport.h"
+#include "offload/memory_arena.h"
+#include "offload/staging_pool.h"
+
+using namespace lorapipe;
+
+TEST(StagingPool, ExactSizesAreReusedNeverRounded) {
+  std::vector<size_t> allocated;
+  int freed = 0;
+  auto pool = staging_pool::create(
+      "t", [&](size_t n) { allocated.push_back(n); return std::malloc(n); }, [&](void* p) { ++freed; std::free(p); });
+  {
+    auto a = pool->acquire(1000), b = pool->acquire(1000), c = pool->acquire(3001);
+    EXPECT_NE(a.get(), b.get());
+    EXPECT_EQ(pool->stats().in_use_bytes, 5001u);
+  }
+  EXPECT_EQ(allocated, (std::vector<size_t>{1000, 1000, 3001}));  // exactly what was asked
+  auto st = pool->stats();
+  EXPECT_EQ(st.in_use_bytes, 0u);
+  EXPECT_EQ(st.reserved_bytes, 5001u);
+  EXPECT_EQ(st.peak_in_use_bytes, 5001u);
+  EXPECT_EQ(st.misses, 3u);
+  // The next "step" asks for the same shapes: all hits, nothing new from the system.
+  for (int step = 0; step < 3; ++step) {
+    auto a = pool->acquire(1000), b = pool->acquire(3001), c = pool->acquire(1000);
+  }
+  EXPECT_EQ(allocated.size(), 3u);
+  EXPECT_EQ(pool->stats().hits, 9u);
+  auto odd = pool->acquire(1001);  // a size never seen: a new exact block
+  EXPECT_EQ(allocated.back(), 1001u);
+  odd.reset();
+  pool->trim();
+  EXPECT_EQ(freed, 4);
+  EXPECT_EQ(pool->stats().reserved_bytes, 0u);
+}
+
+TEST(StagingPool, CacheCapAndBlocksOutlivingThePool) {
+  int freed = 0;
+  auto pool = staging_pool::create("t", [](size_t n) { return std::malloc(n); }, [&](void* p) { ++freed; std::free(p); }, 1500);
+  auto a = pool->acquire(1000), b = pool->acquire(1000);
+  a.reset();  // cached (1000 <= 1500)
+  b.reset();  // over the cap: back to the system
+  EXPECT_EQ(freed, 1);
+  EXPECT_EQ(pool->stats().reserved_bytes, 1000u);
+  auto c = pool->acquire(10);
+  std::weak_ptr<staging_pool> w = pool;
+  pool.reset();
+  EXPECT_FALSE(w.expired());  // the live block keeps its pool
+  c.reset();
+  EXPECT_TRUE(w.expired());
+  EXPECT_EQ(freed, 3);
+  // Many threads acquiring and releasing the same sizes (the copy engines do this).
+  auto shared = staging_pool::create("mt", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) auto blk = shared->acquire(64 + (i % 3));
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(shared->stats().in_use_bytes, 0u);
+  EXPECT_LE(shared->stats().misses, 12u);  // at most one block per size per thread
+}
+
+TEST(WeightArenaPlan, LayoutAndHighWater) {
+  auto l = layout_block({400, 28, 0, 256}, 256);
+  EXPECT_EQ(l.offsets, (std::vector<size_t>{0, 512, 768, 768}));
+  EXPECT_EQ(l.bytes, 1024u);
+  memory_arena a("t", 10000, 100);
+  auto x = a.allocate(300), y = a.allocate(300);
+  a.release(*x);
+  auto z = a.allocate(200);  // best fit: the 300-byte hole, not the tail
+  EXPECT_EQ(*z, 0u);
+  EXPECT_EQ(a.high_water(), 600u);
+  (void)y;
+}
+
+TEST(WeightArenaPlan, StreamingIsDoubleBufferedAndResidentHoldsEveryStage) {
+  schedule_options o;
+  o.devices = 2;
+  o.micro_batches = 4;
+  // Round-robin streaming: every device holds two stages at once (the one computing, the next).
+  auto rr = make_round_robin(partition_from_sizes(6, {1, 1, 1, 1, 1, 1}).value(), partition_from_sizes(5, {2, 2, 1}).value(), o).value();  // backward: the head stage fuses the last layer
+  std::vector<size_t> bytes;
+  for (const auto& st : rr.stages) bytes.push_back(1000 * static_cast<size_t>(st.last_layer - st.first_layer) + (st.has_embed ? 500 : 0));
+  auto plan = plan_weight_arenas(rr, bytes, 256);
+  ASSERT_EQ(plan.size(), 2u);
+  for (const auto& p : plan) {
+    EXPECT_EQ(p.max_stages, 2);
+    EXPECT_LE(p.bytes, 2 * 2560u);  // two slots of the largest stage (2 layers + embedding, aligned)
+    EXPECT_GE(p.bytes, 2000u);
+  }
+  // Resident 1F1B: a device keeps its stage for good; the arena is exactly that stage.
+  auto f = make_1f1b(partition_from_sizes(6, {2, 4}).value(), o).value();
+  std::vector<size_t> fb;
+  for (const auto& st : f.stages) fb.push_back(1000 * static_cast<size_t>(st.last_layer - st.first_layer));
+  auto fp = plan_weight_arenas(f, fb, 256);
+  EXPECT_EQ(fp[0].bytes, 2048u);  // 2000 at the 256-byte alignment
+  EXPECT_EQ(fp[1].bytes, 4096u);
+  EXPECT_EQ(fp[0].max_stages, 1);
+  // Alternating sizes that fragment a first-fit arena get fixed slots (2 x largest) instead.
+  program p;
+  p.micro_batches = 1;
+  p.stages = {{0, 1, true, false}, {1, 2, false, false}, {2, 3, false, true}};
+  p.devices = {{{op::prefetch_weights, 0}, {op::prefetch_weights, 1}, {op::release_weights, 0}, {op::prefetch_weights, 2},
+                {op::release_weights, 1}, {op::release_weights, 2}}};
+  auto frag = plan_weight_arenas(p, {3000, 1800, 3100}, 256);
+  EXPECT_EQ(frag[0].slot_bytes, 3100u);
+  EXPECT_EQ(frag[0].bytes, 2 * 3328u);  // 3100 rounded to the 256-byte alignment, twice
+  auto fits = plan_weight_arenas(p, {3100, 1800, 3000}, 256);  // the third fits the first's hole
+  EXPECT_EQ(fits[0].slot_bytes, 0u);
+  EXPECT_EQ(fits[0].bytes, 3328u + 2048u);  // 1800 takes 2048 at this alignment
+}
+
+TEST(Transport, ChosenPerLinkWithAReason) {
+  schedule_options o;
+  o.devices = 3;
+  auto g = make_schedule("1f1b", 6, o).value();  // links 0->1, 1->2 (activations), 2->1, 1->0 (gradients)
+  std::vector<device_facts> cpus{{"cpu:0", -1}, {"cpu:1", -1}, {"cpu:2", -1}};
+  auto host = choose_transports(g, cpus, "auto", nullptr).value();
+  ASSERT_EQ(host.size(), 4u);
+  for (const auto& l : host) EXPECT_EQ(l.kind, transport_kind::host_staged);
+  auto peer = choose_transports(g, cpus, "peer", nullptr).value();
+  for (const auto& l : peer) EXPECT_EQ(l.kind, transport_kind::peer);
+  EXPECT_NE(describe_transports(peer, cpus).find("cpu:0 -> cpu:1 peer"), std::string::npos) << describe_transports(peer, cpus);
+  // GPUs: 0 and 1 are P2P-capable, 2 is not; devices 1 and 2 of the pipeline share GPU... none here.
+  std::vector<device_facts> gpus{{"cuda:0#0", 0}, {"cuda:1#1", 1}, {"cuda:2#2", 2}};
+  auto access = [](int a, int b) { return (a == 0 && b == 1) || (a == 1 && b == 0); };
+  auto mixed = choose_transports(g, gpus, "auto", access).value();
+  for (const auto& l : mixed) {
+    const bool p2p = (l.from == 0 && l.to == 1) || (l.from == 1 && l.to == 0);
+    EXPECT_EQ(l.kind, p2p ? transport_kind::peer : transport_kind::host_staged) << l.from << "->" << l.to << ": " << l.reason;
+  }
+  auto forced = choose_transports(g, gpus, "peer", access);
+  ASSERT_FALSE(forced.ok());
+  EXPECT_NE(forced.message().find("cuda:1#1 -> cuda:2#2"), std::string::npos) << forced.message();
+  auto all_host = choose_transports(g, gpus, "host", access).value();
+  for (const auto& l : all_host) EXPECT_EQ(l.kind, transport_kind::host_staged);
+  // Two pipeline devices on one GPU: a device-to-device copy even without P2P.
+  std::vector<device_facts> shared{{"cuda:0#0", 0}, {"cuda:0#1", 0}, {"cuda:1#2", 1}};
+  auto same = choose_transports(g, shared, "auto", nullptr).value();
+  for (const auto& l : same) EXPECT_EQ(l.kind, (l.from < 2 && l.to < 2) ? transport_kind::peer : transport_kind::host_staged);
+  EXPECT_FALSE(choose_transports(g, cpus, "nvlink", nullptr).ok());
+  // NCCL: only with NCCL, GPUs, one rank per GPU.
+  EXPECT_FALSE(choose_transports(g, gpus, "nccl", access, /*nccl=*/false).ok());
+  EXPECT_FALSE(choose_transports(g, cpus, "nccl", nullptr, true).ok());
+  EXPECT_FALSE(choose_transports(g, shared, "nccl", nullptr, true).ok());
+  auto nccl = choose_transports(g, gpus, "nccl", access, true).value();
+  for (const auto& l : nccl) EXPECT_EQ(l.kind, transport_kind::nccl);
+  EXPECT_FALSE(choose_transports(g, {cpus[0], gpus[1], cpus[2]}, "auto", nullptr).ok());  // mixed device kinds
+}
+
+TEST(Transport, NcclNeedsSendsInTheOrderTheyAreReceived) {
+  // Every generator sends in receive order on every link.
+  for (int devices : {2, 3, 4})
+    for (const auto& name : schedule_names()) {
+      schedule_options o;
+      o.devices = devices;
+      o.micro_batches = 4;
+      auto p = make_schedule(name, 8, o);
+      if (!p.ok()) continue;  // (interleaved needs micro-batches divisible by devices)
+      std::vector<device_facts> gpus;
+      for (int i = 0; i < devices; ++i) gpus.push_back({"cuda:" + std::to_string(i), i});
+      auto r = choose_transports(*p, gpus, "nccl", nullptr, true);
+      EXPECT_TRUE(r.ok()) << name << " x" << devices << ": " << r.message();
+    }
+  // Swap two receives on device 1: NCCL would hand micro-batch 0's activation to micro-batch 1.
+  schedule_options o;
+  o.devices = 2;
+  auto p = make_schedule("gpipe", 4, o).value();
+  auto& list = p.devices[1];
+  std::vector<size_t> recvs;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].kind == op::recv_act) recvs.push_back(i);
+  ASSERT_GE(recvs.size(), 2u);
+  std::swap(list[recvs[0]], list[recvs[1]]);
+  std::vector<device_facts> gpus{{"cuda:0", 0}, {"cuda:1", 1}};
+  auto r = choose_transports(p, gpus, "nccl", nullptr, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("cuda:0 -> cuda:1: send 1 is the activation at layer 2 of micro-batch 0"), std::string::npos) << r.message();
+  EXPECT_TRUE(choose_transports(p, gpus, "host", nullptr, true).ok());  // the mailbox matches by key: order does not matter
+}
