@@ -196,9 +196,8 @@ struct pipeline_executor::impl {
 
   // Runs the layers of a stage from `x` (embedding stage: token ids); saves checkpoints at the
   // requested boundaries into `ckpt` and returns the hidden state (or the loss for the head stage).
-  at::Tensor run_stage(const stage_weights& sw, const stage_def& st, int32_t stage, const at::Tensor& input,
+  at::Tensor run_stage(const layer_context& ctx, const stage_weights& sw, const stage_def& st, int32_t stage, const at::Tensor& input,
                        const micro_batch& mb, std::map<int32_t, at::Tensor>* ckpt, double* loss_out) {
-    const layer_context ctx{w.cfg, w.rope, &lora, true};
     at::Tensor x = input;
     if (st.has_embed) {
       if (ckpt != nullptr && checkpoints[stage].count(0)) (*ckpt)[0] = mb.tokens;
@@ -240,6 +239,22 @@ struct pipeline_executor::impl {
       if (it == batch.end()) it = batch.emplace(m, micro_batch{mbs[m].tokens.to(tdev), mbs[m].labels.to(tdev), mbs[m].loss_scale}).first;
       return it->second;
     };
+    // LoRA weights and RoPE tables on this device once per step, not per micro-batch and layer: on CPU
+    // devices they are the host tensors themselves (to() aliases); on GPUs copies whose gradients
+    // flow back to the host leaves the optimizers own.
+    lora_adapters dev_lora;
+    dev_lora.cfg = lora.cfg;
+    dev_lora.layers.resize(lora.layers.size());
+    for (const auto& in : prog.devices[d])
+      if (in.kind == op::forward || in.kind == op::recompute || in.kind == op::backward)
+        for (int32_t l = prog.stages[in.stage].first_layer; l < prog.stages[in.stage].last_layer; ++l)
+          for (int i = 0; i < num_lora_targets; ++i) {
+            const auto& p = lora.layers[l][i];
+            if (p.a.defined() && !dev_lora.layers[l][i].a.defined())
+              dev_lora.layers[l][i] = {p.a.to(tdev, w.embed.scalar_type()), p.b.to(tdev, w.embed.scalar_type())};
+          }
+    const rope_tables dev_rope{w.rope.cos.to(tdev), w.rope.sin.to(tdev)};
+    const layer_context ctx{w.cfg, dev_rope, &dev_lora, true};
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
     auto& weights = on_device[d];
     std::map<std::pair<int32_t, int32_t>, graph_stash> stash;
@@ -367,7 +382,7 @@ struct pipeline_executor::impl {
             double loss = 0;
             if (keep_graph) {
               if (!st.has_embed) x = x.detach().requires_grad_(true);
-              auto out = run_stage(sw, st, s, x, mb(m), &ckpt, &loss);
+              auto out = run_stage(ctx, sw, st, s, x, mb(m), &ckpt, &loss);
               auto mem = std::make_shared<arena_block>(
                   dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, x.element_size()) *
                                                    std::max(1, st.last_layer - st.first_layer)));
@@ -375,7 +390,7 @@ struct pipeline_executor::impl {
               stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, mem};
             } else {
               torch::NoGradGuard ng;
-              auto out = run_stage(sw, st, s, x, mb(m), &ckpt, &loss);
+              auto out = run_stage(ctx, sw, st, s, x, mb(m), &ckpt, &loss);
               if (!st.has_head) keep('a', st.last_layer, m, out);
             }
             for (auto& [b, t] : ckpt) keep('c', b, m, t);
@@ -392,7 +407,7 @@ struct pipeline_executor::impl {
             at::Tensor x = take('c', st.first_layer, m);
             if (!st.has_embed) x = x.detach().requires_grad_(true);
             double loss = 0;
-            auto out = run_stage(sw, st, s, x, mb(m), nullptr, st.has_head ? &loss : nullptr);
+            auto out = run_stage(ctx, sw, st, s, x, mb(m), nullptr, st.has_head ? &loss : nullptr);
             auto mem = std::make_shared<arena_block>(
                 dev.arena(), static_cast<size_t>(stash_bytes_per_layer(w.cfg, tokens_per_micro, w.embed.element_size()) *
                                                  std::max(1, st.last_layer - st.first_layer)));
@@ -403,7 +418,6 @@ struct pipeline_executor::impl {
           if (po.layer_recompute && recomputed.count(s)) {
             timed(in, [&] {
               const auto& sw = stage_w(s);
-              const layer_context ctx{w.cfg, w.rope, &lora, true};
               at::Tensor grad = st.has_head ? at::Tensor() : take('g', st.last_layer, m);
               at::Tensor grad_in;
               for (int32_t l = st.last_layer - 1; l >= st.first_layer; --l) {

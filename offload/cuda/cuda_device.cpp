@@ -76,6 +76,7 @@ class cuda_device final : public compute_device {
   at::Tensor copy_out(const at::Tensor& on_device) override {
     c10::cuda::CUDAGuard guard(dev_index());
     after_compute(dstream_);
+    c10::cuda::CUDAStreamGuard sg(dstream_);  // (a contiguous() copy, if any, runs there too)
     const at::Tensor src = on_device.contiguous();
     const size_t bytes = src.numel() * src.element_size();
     auto block = staging_->acquire(bytes);
@@ -89,6 +90,7 @@ class cuda_device final : public compute_device {
     auto& from = dynamic_cast<cuda_device&>(from_dev);
     c10::cuda::CUDAGuard guard(from.dev_index());
     from.after_compute(from.dstream_);
+    c10::cuda::CUDAStreamGuard sg(from.dstream_);
     const at::Tensor s = src.contiguous();
     at::Tensor dst;
     {
@@ -122,10 +124,10 @@ class cuda_device final : public compute_device {
   // After the compute that produced `t`, on the download stream; the caching allocator keeps `t`'s
   // memory until the send is done (record_stream). No host wait: the receiver may post later.
   void nccl_send(int peer, const at::Tensor& t) override {
-    if (!comms_) compute_device::nccl_send(peer, t);
+    if (!comms_) return compute_device::nccl_send(peer, t);
     c10::cuda::CUDAGuard guard(dev_index());
+    const at::Tensor s = t.contiguous();  // on the compute stream, before the event below
     after_compute(dstream_);
-    const at::Tensor s = t.contiguous();
     LP_NCCL_CHECK(ncclSend(s.data_ptr(), s.numel() * s.element_size(), ncclUint8, peer, comms_->rank(rank_), dstream_.stream()));
     s.record_stream(dstream_);
   }
