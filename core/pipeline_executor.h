@@ -77,7 +77,7 @@ class pipeline_executor {
   result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
                                     bool apply_optimizer = true);
   const program& prog() const { return prog_; }
-  // Memory plan: the weight arena each device reserves (first-fit placement of the program's
+  // Memory plan: the weight arena each device reserves (best-fit placement of the program's
   // PREFETCH/RELEASE sequence, made before anything is allocated).
   const std::vector<weight_arena_plan>& weight_plan() const;
   // Async optimizer: waits for the pending step and installs its result in the LoRA weights (call

@@ -43,7 +43,7 @@ struct sim_result {
 sim_result simulate(const program& p, const sim_costs& c);
 
 // The weight arena a device needs (memory plan, made before anything is allocated): every
-// PREFETCH_WEIGHTS places its stage's block (stage_bytes[stage]) first fit at `alignment`,
+// PREFETCH_WEIGHTS places its stage's block (stage_bytes[stage]) best fit at `alignment`,
 // RELEASE_WEIGHTS frees it, over two iterations so stages left resident or prefetched for the next
 // iteration carry over, exactly as the executor does. bytes = the high-water offset. Blocks of
 // different sizes can fragment the arena; when equal slots of the device's largest stage need less

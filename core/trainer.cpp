@@ -227,8 +227,7 @@ result<train_summary> run_training(const project_config& cfg, observer& obs, con
     if (!check.ok) return make_error("parallel.schedule: generated program is invalid: {}\n{}", check.error, check.grid);
     std::vector<compute_device*> raw;
     for (auto& d : devices) raw.push_back(d.get());
-    std::vector<device_facts> facts;
-    for (auto& d : devices) facts.push_back({d->name(), d->gpu()});
+    const auto facts = facts_of(raw);
     LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available()));
     if (cfg.parallel.transport == "nccl") LP_TRY(enable_nccl(raw));
     obs.on_event(log_event{log_event::level::info,

@@ -13,7 +13,7 @@
 
 namespace lorapipe {
 
-// The preallocated memory of a weight arena and its first-fit bookkeeping. Shared by the device and
+// The preallocated memory of a weight arena and its best-fit bookkeeping. Shared by the device and
 // every block placed in it, so a tensor outliving its executor still releases into a live arena.
 struct weight_region {
   memory_arena arena;

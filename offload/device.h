@@ -140,6 +140,12 @@ class cpu_device final : public compute_device {
 result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o);
 // The devices a spec names (names as the devices will have, GPU ordinals) without creating them.
 result<std::vector<device_facts>> describe_devices(const std::string& spec);
+// What choose_transports needs to know of each device (name, GPU ordinal).
+inline std::vector<device_facts> facts_of(const std::vector<compute_device*>& devices) {
+  std::vector<device_facts> out;
+  for (const auto* d : devices) out.push_back({d->name(), d->gpu()});
+  return out;
+}
 // Whether GPU `to` can access GPU `from`'s memory directly (enabling it); false without CUDA.
 bool gpu_peer_access(int from, int to);
 // Whether this build has the NCCL transport.

@@ -1,4 +1,4 @@
-// First-fit arena with coalescing free list: see memory_arena.h.
+// Best-fit arena with coalescing free list: see memory_arena.h.
 #include "offload/memory_arena.h"
 
 #include <algorithm>

@@ -15,7 +15,7 @@ namespace lorapipe {
 
 class memory_arena {
  public:
-  // contiguous: blocks get real offsets in one range (first fit, so fragmentation can cause OOM, as in
+  // contiguous: blocks get real offsets in one range (best fit, so fragmentation can still cause OOM, as in
   // a preallocated GPU arena); otherwise only the total is limited (CPU virtual devices, whose tensors
   // are separate host allocations) and the "offset" is just a handle.
   memory_arena(std::string name, size_t capacity, size_t alignment = 256, bool contiguous = true);

@@ -71,10 +71,8 @@ struct setup {
     lora_config lc;
     lc.r = 8;
     lora = init_lora(w, lc, 1);
-    std::vector<device_facts> facts;
-    for (auto* d : raw) facts.push_back({d->name(), d->gpu()});
     pipeline_options po;
-    po.transports = choose_transports(p, facts, transport, nullptr).value();
+    po.transports = choose_transports(p, facts_of(raw), transport, nullptr).value();
     ex = std::make_unique<pipeline_executor>(w, lora, p, raw, adamw_config{}, po);
     torch::manual_seed(1);
     for (int m = 0; m < p.micro_batches; ++m) {

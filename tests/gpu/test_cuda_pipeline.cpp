@@ -96,17 +96,13 @@ void pipeline_matches_cpu(const std::string& spec, const std::string& schedule, 
   auto devs = cuda_devices(spec);
   ASSERT_FALSE(devs.empty());
   std::vector<compute_device*> raw;
-  std::vector<device_facts> facts;
-  for (auto& d : devs) {
-    raw.push_back(d.get());
-    facts.push_back({d->name(), d->gpu()});
-  }
+  for (auto& d : devs) raw.push_back(d.get());
   schedule_options o;
   o.devices = static_cast<int32_t>(raw.size());
   o.micro_batches = 4;
   auto prog = make_schedule(schedule, 5, o).value();
   pipeline_options po;
-  po.transports = choose_transports(prog, facts, transport, gpu_peer_access, nccl_available()).value();
+  po.transports = choose_transports(prog, facts_of(raw), transport, gpu_peer_access, nccl_available()).value();
   if (transport == "nccl") ASSERT_TRUE(enable_nccl(raw).ok());
   pipeline_executor ex(w_cpu, pipe_lora, prog, raw, {}, po);
   std::vector<micro_batch> mbs;
