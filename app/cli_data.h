@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/result.h"
+#include "core/base/result.h"
 
 namespace lorapipe {
 // The report as text (trained tokens marked with [[ ]], or green when `color`), or JSON.

@@ -13,36 +13,26 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include "app/cli_data.h"
 #include "app/cli_printer.h"
 #include "app/cli_runs.h"
-#include "core/chat_template.h"
-#include "core/errors.h"
-#include "core/generate.h"
-#include "core/llama_model.h"
-#include "core/lora.h"
-#include "core/pipeline_executor.h"
-#include "core/project.h"
-#include "core/schedule.h"
-#include "core/schedule_sim.h"
-#include "core/transport.h"
-#include "core/safetensors.h"
-#include "core/tensor_io.h"
-#include "core/tokenizer.h"
-#include "core/trainer.h"
+#include "core/base/cancel.h"
+#include "core/base/file_io.h"
+#include "core/engine/model_session.h"
+#include "core/engine/plan_report.h"
+#include "core/project/project.h"
 
 namespace fs = std::filesystem;
 using namespace lorapipe;
 
 namespace {
 
-std::atomic<bool> g_stop{false};  // set by SIGINT/SIGTERM; the only process-wide state (signal handlers need one)
+cancel_token g_stop;  // requested by SIGINT/SIGTERM; the only process-wide state (signal handlers need one)
 extern "C" void on_sigint(int) {
-  if (g_stop.exchange(true)) std::_Exit(130);  // second Ctrl-C: leave now
+  if (g_stop.requested()) std::_Exit(130);  // second Ctrl-C: leave now
+  g_stop.request();
 }
-
 
 struct generate_args {
   std::string model, adapter, tokenizer, prompt, dtype = "float32";
@@ -56,71 +46,30 @@ struct generate_args {
 };
 
 int cmd_generate(const generate_args& a) {
-  configure_threads(a.threads);
-  auto dt = parse_dtype_name(a.dtype);
-  if (!dt) return cli_fail(dt.message());
-  auto w = load_llama(a.model, {*dt});
-  if (!w) return cli_fail(w.message());
-  auto tok = load_tokenizer(a.tokenizer.empty() ? fs::path(a.model) : fs::path(a.tokenizer));
-  if (!tok) return cli_fail(tok.message());
-  std::optional<lora_adapters> lora;
-  if (!a.adapter.empty()) {
-    auto l = load_peft_adapter(a.adapter, *w);
-    if (!l) return cli_fail(l.message());
-    lora = std::move(*l);
-  }
-  std::string text = a.prompt;
-  if (a.chat) {  // the prompt as one user turn through the model's chat template (or the built-in one)
-    const fs::path tp = a.tokenizer.empty() ? fs::path(a.model) : fs::path(a.tokenizer);
-    std::error_code ec;
-    auto settings = load_tokenizer_settings(fs::is_directory(tp, ec) ? tp : tp.parent_path());
-    if (!settings) return cli_fail(settings.message());
-    auto templ = chat_template::parse(settings->chat_template.empty() ? chat_template::builtin_source() : settings->chat_template);
-    if (!templ) return cli_fail(templ.message());
-    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-    if (!a.system.empty()) msgs.push_back({{"role", "system"}, {"content", a.system}});
-    msgs.push_back({{"role", "user"}, {"content", a.prompt}});
-    auto rendered = templ->render(msgs, true, special_token_vars(**tok, *settings));
-    if (!rendered) return cli_fail(rendered.message());
-    text = *rendered;
-  }
-  auto enc = (*tok)->encode_with_offsets(text, a.chat || (*tok)->parses_special_by_default());
-  if (!enc) return cli_fail(enc.message());
-  const auto& ids = enc->ids;
-  std::vector<int32_t> prompt;
-  const int32_t bos = (*tok)->bos_id();
-  if (!a.no_bos && bos >= 0 && (ids.empty() || ids.front() != bos)) prompt.push_back(bos);
-  prompt.insert(prompt.end(), ids.begin(), ids.end());
-  if (prompt.empty()) return cli_fail("empty prompt (give --prompt text, or drop --no-bos)");
-  sampling_options so{a.temperature, a.top_p, a.seed, a.max_new_tokens, (*tok)->eos_id()};
-  auto out = generate(*w, lora ? &*lora : nullptr, prompt, so);
-  if (!out.empty() && out.back() == (*tok)->eos_id()) out.pop_back();
-  std::cout << (*tok)->decode_continuation(prompt, out) << std::endl;
+  auto m = model_session::open({a.model, a.adapter, a.tokenizer, a.dtype, a.threads});
+  if (!m) return cli_fail(m.message());
+  generate_request req{a.prompt, a.chat, a.system, !a.no_bos, a.max_new_tokens, a.temperature, a.top_p, a.seed};
+  auto g = m->generate(req);
+  if (!g) return cli_fail(g.message());
+  std::cout << g->text << std::endl;
   return 0;
 }
 
 int cmd_tokenize(const std::string& tokenizer_path, bool as_json) {
-  auto tok = load_tokenizer(tokenizer_path);
-  if (!tok) return cli_fail(tok.message());
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  auto ids = (*tok)->encode(text);
+  auto ids = tokenize_text(tokenizer_path, text);
   if (!ids) return cli_fail(ids.message());
-  std::cout << (as_json ? fmt::format("[{}]", fmt::join(*ids, ",")) : fmt::format("{}", fmt::join(*ids, " ")))
-            << "\n";
+  std::cout << (as_json ? fmt::format("[{}]", fmt::join(*ids, ",")) : fmt::format("{}", fmt::join(*ids, " "))) << "\n";
   return 0;
 }
 
-int cmd_export(const std::string& model, const std::string& adapter, const std::string& out, const std::string& dtype) {
-  auto dt = parse_dtype_name(dtype);
-  if (!dt) return cli_fail(dt.message());
-  auto w = load_llama(model, {*dt});
-  if (!w) return cli_fail(w.message());
-  auto l = load_peft_adapter(adapter, *w);
-  if (!l) return cli_fail(l.message());
-  auto tok_src = find_tokenizer_for_model(model);
-  auto st = export_merged(*w, *l, out, tok_src ? *tok_src : fs::path(model));
+int cmd_export(const std::string& model, const std::string& adapter, const std::string& out, const std::string& format,
+               const std::string& dtype) {
+  null_observer quiet;
+  auto st = export_adapter(model, adapter, out, format, dtype, quiet);
   if (!st) return cli_fail(st.message());
-  std::fputs(fmt::format("merged weights written to {}\n", out).c_str(), stderr);
+  std::fputs((format == "peft" ? fmt::format("PEFT adapter written to {}\n", out) : fmt::format("merged weights written to {}\n", out)).c_str(),
+             stderr);
   return 0;
 }
 
@@ -142,89 +91,36 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
   return 0;
 }
 
-// The plan: the schedule program for the project, checked and simulated with cost estimates from
-// the model's shapes (FLOPs at an assumed throughput, exact weight and activation bytes).
+// The plan: the schedule program for the project, checked and simulated with the engine's cost
+// model (core/engine/plan_report.h); printed here.
 int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid) {
   auto p = load_project(path);
   if (!p) return cli_fail(p.message());
-  auto st = validate_project(*p);
-  if (!st) return cli_fail(fmt::format("{} is not valid:\n{}", path, st.message()));
-  const auto& cfg = *p;
-  const fs::path model = cfg.resolve(cfg.model.path);
-  llama_config mc;
-  if (fs::is_directory(model)) {
-    auto c = load_llama_config(model / "config.json");
-    if (!c) return cli_fail(c.message());
-    mc = *c;
-  } else {
-    auto w = load_llama(model, {at::kFloat});
-    if (!w) return cli_fail(w.message());
-    mc = w->cfg;
-  }
-  const bool pipelined = cfg.parallel.schedule != "single";
-  schedule_options so;
-  so.devices = pipelined ? static_cast<int32_t>(device_count(cfg.parallel.devices)) : 1;
-  so.micro_batches = pipelined ? static_cast<int32_t>(cfg.parallel.micro_batches) : 1;
-  so.virtual_stages = static_cast<int32_t>(cfg.parallel.virtual_stages);
-  so.recompute = cfg.offload.recompute;
-  so.offload_activations = cfg.offload.activations && cfg.offload.recompute;
-  so.stream_weights = cfg.offload.stream_weights;
-  auto prog = make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers), so);
-  if (!prog) return cli_fail(prog.message());
-  const size_t elem = cfg.model.dtype == "float32" ? 4 : 2;
-  const int64_t tokens = cfg.run.batch_size / so.micro_batches * cfg.data.seq_len;
-  const double layer_params = static_cast<double>(mc.hidden_size) * mc.head_dim * (2 * mc.num_heads + 2 * mc.num_kv_heads) +
-                              3.0 * mc.hidden_size * mc.intermediate_size;
-  const double attn_flops = 4.0 * cfg.data.seq_len * mc.num_heads * mc.head_dim * tokens;
-  const double f_layer = (2.0 * layer_params * tokens + attn_flops) / (gflops * 1e9);
-  sim_costs c;
-  for (const auto& s : prog->stages) {
-    const int32_t n = s.last_layer - s.first_layer;
-    double fwd = n * f_layer, bytes = n * (layer_params + 2.0 * mc.hidden_size) * elem;
-    if (s.has_embed) bytes += static_cast<double>(mc.vocab_size) * mc.hidden_size * elem;
-    if (s.has_head) {
-      fwd += 2.0 * mc.vocab_size * mc.hidden_size * tokens / (gflops * 1e9);
-      bytes += static_cast<double>(mc.vocab_size) * mc.hidden_size * elem;
-    }
-    c.forward_s.push_back(fwd);
-    c.backward_s.push_back(2 * fwd);
-    c.recompute_s.push_back(fwd);
-    c.weight_bytes.push_back(bytes);
-  }
-  c.act_bytes = static_cast<double>(tokens) * mc.hidden_size * elem;
-  c.stash_bytes_per_layer = stash_bytes_per_layer(mc, tokens, elem);
-  c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
-  c.steady_state = true;
-  auto r = simulate(*prog, c);
-  if (!r.ok) return cli_fail(fmt::format("the generated program is invalid: {}\n{}", r.error, r.grid));
-  // Memory plan (the weight arena each device reserves) and the transport of every link.
-  std::vector<size_t> stage_bytes;
-  for (double b : c.weight_bytes) stage_bytes.push_back(static_cast<size_t>(b));
-  const auto arenas = plan_weight_arenas(*prog, stage_bytes, weight_alignment);
-  auto facts_r = describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu"));
-  if (!facts_r) return cli_fail(facts_r.message());
-  const auto& facts = *facts_r;
-  auto links = choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available());
-  if (!links) return cli_fail(links.message());
+  if (auto st = validate_project(*p); !st) return cli_fail(fmt::format("{} is not valid:\n{}", path, st.message()));
+  auto rep = make_plan(*p, gflops);
+  if (!rep) return cli_fail(rep.message());
+  const auto& prog = rep->prog;
+  const auto& r = rep->sim;
   if (as_json) {
-    nlohmann::json j = {{"schedule", prog->schedule}, {"devices", prog->num_devices()}, {"micro_batches", prog->micro_batches},
-                        {"stages", prog->stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
-                        {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(*prog)}};
-    for (const auto& a : arenas)
+    nlohmann::json j = {{"schedule", prog.schedule}, {"devices", prog.num_devices()}, {"micro_batches", prog.micro_batches},
+                        {"stages", prog.stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
+                        {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(prog)},
+                        {"stage_weight_bytes", rep->stage_bytes}};
+    for (const auto& a : rep->arenas)
       j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
-    for (const auto& l : *links)
+    for (const auto& l : rep->links)
       j["transports"].push_back({{"from", l.from}, {"to", l.to}, {"kind", transport_name(l.kind)}, {"reason", l.reason}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog->schedule,
-                           prog->num_devices(), prog->stages.size(), prog->micro_batches, tokens);
+  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
+                           prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
   std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
   for (size_t d = 0; d < r.peak_bytes.size(); ++d)
     std::cout << fmt::format("  device {}: peak memory {:.1f} MiB (weight arena {:.1f} MiB, {} stage(s) at once), busy {:.3f} s\n", d,
-                             r.peak_bytes[d] / 1048576.0, arenas[d].bytes / 1048576.0, arenas[d].max_stages, r.busy_s[d]);
-  for (const auto& l : *links)
-    std::cout << fmt::format("  link {} -> {}: {} ({})\n", facts[l.from].name, facts[l.to].name, transport_name(l.kind), l.reason);
+                             r.peak_bytes[d] / 1048576.0, rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
+  for (const auto& l : rep->links)
+    std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);
   if (show_grid) std::cout << r.grid;
   return 0;
 }
@@ -382,17 +278,7 @@ int main(int argc, char** argv) {
       ex_adapter = src->second;
     }
     if (*exp && (ex_model.empty() || ex_adapter.empty())) return cli_fail("export needs --run ID, or --model and --adapter");
-    if (*exp && ex_format == "peft") {
-      auto w = load_llama(ex_model, {at::kFloat});
-      if (!w) return cli_fail(w.message());
-      auto l = load_peft_adapter(ex_adapter, *w);  // checked against the model before it is written
-      if (!l) return cli_fail(l.message());
-      auto st = save_peft_adapter(*l, ex_out);
-      if (!st) return cli_fail(st.message());
-      std::fputs(fmt::format("PEFT adapter written to {}\n", ex_out).c_str(), stderr);
-      return 0;
-    }
-    if (*exp) return cmd_export(ex_model, ex_adapter, ex_out, ex_dtype);
+    if (*exp) return cmd_export(ex_model, ex_adapter, ex_out, ex_format, ex_dtype);
     if (*init && init_fields) {
       std::cout << project_field_table();
       return 0;
@@ -406,11 +292,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid);
-  } catch (const lorapipe_error& e) {
-    return cli_fail(e.what());
-  } catch (const c10::Error& e) {
-    return cli_fail(fmt::format("LibTorch: {}", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // the engine returns errors as values; this is the last resort
     return cli_fail(e.what());
   }
   return 0;

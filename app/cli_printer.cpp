@@ -1,6 +1,8 @@
 // Event printing for lorapipe-cli: see cli_printer.h.
 #include "app/cli_printer.h"
 
+#include "core/engine/event_json.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -26,33 +28,7 @@ void cli_printer::end_bar() {
 
 void cli_printer::on_event(const engine_event& ev) {
   if (json_) {
-    json j = std::visit(
-        [](const auto& e) -> json {
-          using T = std::decay_t<decltype(e)>;
-          if constexpr (std::is_same_v<T, run_started_event>)
-            return {{"event", "run_started"}, {"model", e.model}, {"parameters", e.parameters},
-                    {"lora_parameters", e.lora_parameters}, {"train_sequences", e.train_sequences},
-                    {"val_sequences", e.val_sequences}, {"total_steps", e.total_steps},
-                    {"tokens_per_step", e.tokens_per_step}, {"threads", e.threads}};
-          else if constexpr (std::is_same_v<T, step_event>)
-            return {{"event", "step"}, {"step", e.step}, {"total_steps", e.total_steps}, {"loss", e.loss},
-                    {"lr", e.lr}, {"grad_norm", e.grad_norm}, {"tokens_per_s", e.tokens_per_s},
-                    {"elapsed_s", e.elapsed_s}};
-          else if constexpr (std::is_same_v<T, eval_event>)
-            return {{"event", "eval"}, {"step", e.step}, {"val_loss", e.val_loss}, {"tokens", e.tokens}};
-          else if constexpr (std::is_same_v<T, checkpoint_event>)
-            return {{"event", "checkpoint"}, {"step", e.step}, {"path", e.path}, {"sha256", e.sha256},
-                    {"bytes", e.bytes}, {"removed_steps", e.removed_steps}};
-          else if constexpr (std::is_same_v<T, sample_event>)
-            return {{"event", "sample"}, {"when", e.when}, {"prompt", e.prompt}, {"text", e.text}};
-          else if constexpr (std::is_same_v<T, log_event>)
-            return {{"event", "log"}, {"level", e.lvl == log_event::level::info ? "info" : e.lvl == log_event::level::warning ? "warning" : "error"}, {"message", e.message}};
-          else
-            return {{"event", "run_finished"}, {"steps", e.steps}, {"first_val_loss", e.first_val_loss},
-                    {"final_val_loss", e.final_val_loss}, {"mean_tokens_per_s", e.mean_tokens_per_s},
-                    {"adapter_dir", e.adapter_dir}, {"stopped_early", e.stopped_early}};
-        },
-        ev);
+    const auto j = event_to_json(ev);
     err("{}\n", j.dump());
     std::fflush(stderr);
     return;
@@ -92,7 +68,11 @@ void cli_printer::on_event(const engine_event& ev) {
           end_bar();
           err("{}{}\n", e.lvl == log_event::level::info ? "" : e.lvl == log_event::level::warning ? "warning: " : "error: ",
               e.message);
+        } else if constexpr (std::is_same_v<T, phase_event> || std::is_same_v<T, plan_event> || std::is_same_v<T, trace_event>) {
+          // Progress within phases, the plan as a value and step traces are for GUIs and --json;
+          // the terminal gets the plan and transports as log lines.
         } else {
+          if (!e.error.empty()) return;  // a failed run: the front-end prints the error once
           end_bar();
           err("done: {} steps, validation loss {:.4f} -> {:.4f}, {:.0f} tokens/s; adapter in {}{}\n", e.steps,
               e.first_val_loss, e.final_val_loss, e.mean_tokens_per_s, e.adapter_dir,

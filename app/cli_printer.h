@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "core/events.h"
+#include "core/base/events.h"
 
 namespace lorapipe {
 

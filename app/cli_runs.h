@@ -2,12 +2,12 @@
 // runs list | show | compare (cli_runs.cpp). Each returns the process exit code.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
 
-#include "core/result.h"
+#include "core/base/cancel.h"
+#include "core/base/result.h"
 
 namespace lorapipe {
 
@@ -30,16 +30,15 @@ struct eval_args {
   bool json = false;
 };
 
-// `stop` is raised by Ctrl-C: training stops after writing a checkpoint (exit code 130).
-int cmd_train(const train_args& a, const std::atomic<bool>& stop);
-int cmd_resume(const resume_args& a, const std::atomic<bool>& stop);
+// `stop` is requested by Ctrl-C: training stops after writing a checkpoint (exit code 130).
+int cmd_train(const train_args& a, const cancel_token& stop);
+int cmd_resume(const resume_args& a, const cancel_token& stop);
 int cmd_eval(const eval_args& a);
 int cmd_runs_list(const std::string& db, int64_t limit, bool json);
 int cmd_runs_show(const std::string& db, int64_t id, bool json);
 int cmd_runs_compare(const std::string& db, int64_t a, int64_t b, bool json);
 
 int cli_fail(const std::string& msg);
-bool process_alive(int64_t pid);  // the process that recorded a "running" run still exists
 // Base model path and adapter folder of a recorded run (for export --run).
 result<std::pair<std::string, std::string>> run_export_sources(const std::string& db, int64_t run);  // prints "error: msg" on stderr, returns 1
 

@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 
 namespace lorapipe {
 

@@ -14,15 +14,14 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "core/result.h"
-#include "core/transport.h"
+#include "core/base/result.h"
+#include "offload/device_facts.h"
 #include "offload/copy_engine.h"
 #include "offload/memory_arena.h"
 #include "offload/staging_pool.h"
 
 namespace lorapipe {
 
-inline constexpr size_t weight_alignment = 256;  // every weight tensor starts at a multiple of this
 
 struct weight_region;  // the preallocated memory behind a weight arena (device.cpp)
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/result.h"
+#include "core/base/result.h"
 
 namespace lorapipe {
 
@@ -48,6 +48,8 @@ struct block_layout {
   std::vector<size_t> offsets;
   size_t bytes = 0;  // end of the last piece
 };
+inline constexpr size_t weight_alignment = 256;  // every weight tensor in a weight arena starts at a multiple of this
+
 block_layout layout_block(const std::vector<size_t>& sizes, size_t alignment);
 
 }  // namespace lorapipe

@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/dataset.h"
-#include "core/llama_config.h"
-#include "core/project.h"
-#include "core/safetensors.h"
-#include "core/tokenizer.h"
+#include "core/data/dataset.h"
+#include "core/project/llama_config.h"
+#include "core/project/project.h"
+#include "core/base/safetensors.h"
+#include "core/text/tokenizer.h"
 #include "offload/memory_arena.h"
 #include "tests/test_paths.h"
 

@@ -10,13 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "core/generate.h"
-#include "core/llama_model.h"
-#include "core/lora.h"
-#include "core/safetensors.h"
-#include "core/tensor_io.h"
-#include "core/tokenizer.h"
-#include "core/trainer.h"
+#include "core/model/generate.h"
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/base/safetensors.h"
+#include "core/model/tensor_io.h"
+#include "core/text/tokenizer.h"
+#include "core/train/trainer.h"
 #include "tests/test_paths.h"
 
 namespace fs = std::filesystem;
@@ -44,7 +44,7 @@ at::Tensor ids_tensor(const std::vector<int64_t>& v) { return torch::tensor(v, t
 class GoldenGreedy : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenGreedy, ReproducesReferenceTextExactly) {
-  configure_threads(2);
+  at::set_num_threads(2);
   auto ref = reference();
   auto w = load(stories() / GetParam());
   auto tok = load_tokenizer(stories() / GetParam()).value();

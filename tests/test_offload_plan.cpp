@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <thread>
 
-#include "core/schedule.h"
-#include "core/schedule_sim.h"
-#include "core/transport.h"
+#include "core/pipeline/schedule.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/pipeline/transport.h"
 #include "offload/memory_arena.h"
 #include "offload/staging_pool.h"
 

@@ -8,14 +8,14 @@
 
 #include <torch/torch.h>
 
-#include "core/llama_model.h"
-#include "core/lora.h"
-#include "core/optimizer.h"
-#include "core/pipeline_executor.h"
-#include "core/schedule.h"
-#include "core/schedule_sim.h"
-#include "core/trainer.h"
-#include "core/transport.h"
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/model/optimizer.h"
+#include "core/pipeline/pipeline_executor.h"
+#include "core/pipeline/schedule.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/train/trainer.h"
+#include "core/pipeline/transport.h"
 #include "tests/test_paths.h"
 
 namespace fs = std::filesystem;
@@ -127,7 +127,7 @@ std::vector<case_def> all_cases() {
 }  // namespace
 
 TEST(Pipeline, EveryScheduleMatchesSingleDeviceGradientsAndStep) {
-  configure_threads(2);
+  at::set_num_threads(2);
   const auto& f = fx();
   // Reference: the whole batch on one device.
   auto ref = f.adapters();
@@ -251,7 +251,7 @@ TEST(Pipeline, WeightArenaPlacesExactBlocksAndReleasesThemWithTheirTensors) {
 }
 
 TEST(Pipeline, StreamsWeightsWhenDeviceCapacityIsBelowModelSize) {
-  configure_threads(2);
+  at::set_num_threads(2);
   const auto& f = fx();
   size_t model_bytes = f.w.embed.numel() * 4 + f.w.final_norm.numel() * 4;
   for (const auto& l : f.w.layers) {
@@ -303,7 +303,7 @@ TEST(Pipeline, StreamsWeightsWhenDeviceCapacityIsBelowModelSize) {
 }
 
 TEST(Pipeline, AsyncOptimizerIsExactlyOneStepStale) {
-  configure_threads(2);
+  at::set_num_threads(2);
   const auto& f = fx();
   const adamw_config cfg{1e-2, 0.9, 0.999, 1e-8, 0.0};
   auto x2 = f.x.flip(0).contiguous(), y2 = f.y.flip(0).contiguous();  // a second batch

@@ -5,8 +5,8 @@
 #include <map>
 #include <set>
 
-#include "core/schedule.h"
-#include "core/schedule_sim.h"
+#include "core/pipeline/schedule.h"
+#include "core/pipeline/schedule_sim.h"
 
 using namespace lorapipe;
 

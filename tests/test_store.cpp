@@ -8,12 +8,13 @@
 #include <fstream>
 #include <thread>
 
-#include "core/checkpoint.h"
-#include "core/errors.h"
-#include "core/project.h"
-#include "core/run_recorder.h"
-#include "core/run_store.h"
-#include "core/safetensors.h"
+#include "core/base/hash.h"
+#include "core/runs/checkpoint.h"
+#include "core/base/errors.h"
+#include "core/project/project.h"
+#include "core/runs/run_recorder.h"
+#include "core/runs/run_store.h"
+#include "core/base/safetensors.h"
 
 using namespace lorapipe;
 namespace fs = std::filesystem;

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/chat_template.h"
-#include "core/instruct_dataset.h"
-#include "core/text_unicode.h"
-#include "core/tokenizer.h"
+#include "core/text/chat_template.h"
+#include "core/data/instruct_dataset.h"
+#include "core/text/text_unicode.h"
+#include "core/text/tokenizer.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "core/result.h"
+#include "core/base/result.h"
 #include "offload/device.h"
 
 namespace lorapipe {

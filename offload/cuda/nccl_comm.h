@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 
 namespace lorapipe::cuda {
 

@@ -17,12 +17,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "core/llama_model.h"
-#include "core/pipeline_executor.h"
-#include "core/schedule_sim.h"
-#include "core/tensor_io.h"
-#include "core/trainer.h"
-#include "core/transport.h"
+#include "core/model/llama_model.h"
+#include "core/pipeline/pipeline_executor.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/model/tensor_io.h"
+#include "core/train/trainer.h"
+#include "core/pipeline/transport.h"
 
 namespace fs = std::filesystem;
 using namespace lorapipe;

@@ -12,7 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 
 using namespace lorapipe;
 namespace fs = std::filesystem;

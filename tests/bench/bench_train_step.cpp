@@ -5,12 +5,14 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <thread>
+
 #include <torch/torch.h>
 
-#include "core/llama_model.h"
-#include "core/lora.h"
-#include "core/optimizer.h"
-#include "core/trainer.h"
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/model/optimizer.h"
+#include "core/train/trainer.h"
 
 using namespace lorapipe;
 
@@ -26,7 +28,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--threads", threads);
   CLI11_PARSE(app, argc, argv);
-  const int nthreads = configure_threads(threads);
+  at::set_num_threads(threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::thread::hardware_concurrency()));
+  const int nthreads = at::get_num_threads();
   auto w = load_llama(model, {at::kFloat});
   if (!w) {
     fmt::print(stderr, "error: {}\n", w.message());

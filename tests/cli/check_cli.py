@@ -230,7 +230,7 @@ def main():
         out_dir = os.path.join(t, "run1")
         rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "30", "--output", out_dir, "--json", "--threads", "2")
         events = [json.loads(l) for l in err.splitlines() if l.startswith("{")]
-        kinds = [e["event"] for e in events]
+        kinds = [e["event"] for e in events if e["event"] != "phase"]  # phases (loading, tokenising) come first
         steps = [e for e in events if e["event"] == "step"]
         evals = [e for e in events if e["event"] == "eval"]
         ok = (rc == 0 and kinds[0] == "run_started" and kinds[-1] == "run_finished" and len(steps) == 30

@@ -8,7 +8,7 @@ the commit rename) and inside a database transaction (just before COMMIT) -- and
 PRAGMA integrity_check is "ok" and every committed checkpoint folder matches its manifest (no
 half-written checkpoint). At the end the final LoRA weights are byte-identical to an uninterrupted run
 with the same seed, and so are the logged loss curve (loss, lr, grad norm per step) and the
-validation losses. Scenarios: single device with LoRA dropout (RNG state restored), and a 1F1B
+validation losses. Scenarios: single device with LoRA dropout (counter-based masks), and a 1F1B
 pipeline on two CPU virtual devices (per-stage AdamW state restored).
 
 usage: kill_test.py --cli build/app/lorapipe-cli --data ../shared/data [--seed N] [--timers N]

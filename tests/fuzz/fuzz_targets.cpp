@@ -12,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/chat_template.h"
-#include "core/instruct_dataset.h"
-#include "core/project.h"
-#include "core/safetensors.h"
-#include "core/tokenizer.h"
+#include "core/text/chat_template.h"
+#include "core/data/instruct_dataset.h"
+#include "core/project/project.h"
+#include "core/base/safetensors.h"
+#include "core/text/tokenizer.h"
 
 using namespace lorapipe;
 namespace fs = std::filesystem;

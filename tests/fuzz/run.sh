@@ -10,19 +10,20 @@ if ! command -v "$cxx" >/dev/null; then echo "fuzz: $cxx not found (packaging/se
 mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY=1
        -I"$root" $(pkg-config --cflags sentencepiece libpcre2-8 libutf8proc))
-libs=($(pkg-config --libs sentencepiece libpcre2-8 libutf8proc) -lpthread)
-srcs=(safetensors llama_config project tokenizer hf_tokenizer tiktoken_tokenizer text_unicode jinja_parse jinja_eval jinja_value chat_template
-      instruct_dataset dataset lora_names)
+libs=($(pkg-config --libs sentencepiece libpcre2-8 libutf8proc libcrypto) -lpthread)
+srcs=(base/safetensors base/file_io base/hash base/device_spec project/llama_config project/project text/tokenizer text/tokenizer_hf text/tokenizer_tiktoken text/text_unicode text/jinja_parse text/jinja_eval text/jinja_value text/chat_template
+      data/instruct_dataset data/dataset project/lora_target)
 # Objects once (in parallel), then one link per target.
 pids=()
 for s in "${srcs[@]}"; do
-  if [ ! -f "$out/$s.o" ] || [ "$root/core/$s.cpp" -nt "$out/$s.o" ]; then
-    "$cxx" "${flags[@]}" -c "$root/core/$s.cpp" -o "$out/$s.o" & pids+=($!)
+  o="$out/${s//\//_}.o"
+  if [ ! -f "$o" ] || [ "$root/core/$s.cpp" -nt "$o" ]; then
+    "$cxx" "${flags[@]}" -c "$root/core/$s.cpp" -o "$o" & pids+=($!)
   fi
   while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do sleep 0.2; done
 done
 for p in "${pids[@]}"; do wait "$p"; done
-objs=(); for s in "${srcs[@]}"; do objs+=("$out/$s.o"); done
+objs=(); for s in "${srcs[@]}"; do objs+=("$out/${s//\//_}.o"); done
 
 names=(tokenizer_json jsonl_reader chat_template project_json safetensors)
 seeds=("$root/tests/fixtures/tokenizers/tok512-metaspace/tokenizer.json $root/tests/fixtures/tokenizers/tok512-legacy/tokenizer.json"

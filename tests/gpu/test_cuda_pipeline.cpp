@@ -6,11 +6,11 @@
 
 #include <torch/torch.h>
 
-#include "core/llama_model.h"
-#include "core/lora.h"
-#include "core/pipeline_executor.h"
-#include "core/schedule.h"
-#include "core/transport.h"
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/pipeline/pipeline_executor.h"
+#include "core/pipeline/schedule.h"
+#include "core/pipeline/transport.h"
 #include "offload/cuda/cuda_resources.h"
 #include "offload/device.h"
 #include "tests/test_paths.h"

@@ -5,12 +5,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "core/llama_model.h"
-#include "core/lora.h"
-#include "core/optimizer.h"
-#include "core/safetensors.h"
-#include "core/tensor_io.h"
-#include "core/trainer.h"
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/model/optimizer.h"
+#include "core/base/safetensors.h"
+#include "core/model/tensor_io.h"
+#include "core/train/trainer.h"
 
 using namespace lorapipe;
 
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr);
   app.add_option("--weight-decay", wd);
   CLI11_PARSE(app, argc, argv);
-  configure_threads(2);
+  at::set_num_threads(2);
   auto fail = [](const std::string& m) {
     fmt::print(stderr, "error: {}\n", m);
     return 1;

@@ -1,0 +1,132 @@
+// Model sessions and model-level library calls: see model_session.h.
+#include "core/engine/model_session.h"
+
+#include <torch/torch.h>
+
+#include "core/model/generate.h"
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/model/tensor_io.h"
+#include "core/text/prompt.h"
+#include "core/text/tokenizer.h"
+#include "core/train/evaluate.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+
+namespace {
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    return make_error("LibTorch: {}", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return make_error("{}", e.what());
+  }
+}
+}  // namespace
+
+struct model_session::state {
+  model_request req;
+  llama_weights weights;
+  std::unique_ptr<tokenizer> tok;
+  fs::path tok_path;
+  std::optional<lora_adapters> lora;
+};
+
+model_session::model_session(std::unique_ptr<state> s) : s_(std::move(s)) {}
+model_session::model_session(model_session&&) noexcept = default;
+model_session& model_session::operator=(model_session&&) noexcept = default;
+model_session::~model_session() = default;
+
+result<model_session> model_session::open(const model_request& req) {
+  return guarded([&]() -> result<model_session> {
+    thread_count_scope threads(req.threads);
+    auto s = std::make_unique<state>();
+    s->req = req;
+    LP_TRY_ASSIGN(dt, parse_dtype_name(req.dtype));
+    LP_TRY_ASSIGN(w, load_llama(req.model, {dt}));
+    s->weights = std::move(w);
+    s->tok_path = req.tokenizer.empty() ? fs::path(req.model) : fs::path(req.tokenizer);
+    LP_TRY_ASSIGN(tok, load_tokenizer(s->tok_path));
+    s->tok = std::move(tok);
+    model_session m(std::move(s));
+    LP_TRY(m.set_adapter(req.adapter));
+    return m;
+  });
+}
+
+status model_session::set_adapter(const std::string& adapter) {
+  return guarded([&]() -> status {
+    if (adapter.empty()) {
+      s_->lora.reset();
+      return ok_status();
+    }
+    LP_TRY_ASSIGN(l, load_peft_adapter(adapter, s_->weights));
+    s_->lora = std::move(l);
+    return ok_status();
+  });
+}
+
+result<generation> model_session::generate(const generate_request& req, const std::function<bool(int32_t, const std::string&)>& on_token,
+                                           const cancel_token* cancel) {
+  return guarded([&]() -> result<generation> {
+    thread_count_scope threads(s_->req.threads);
+    prompt_options po{req.chat, req.system, req.add_bos, tokenizer_dir(s_->tok_path)};
+    auto prompt = prepare_prompt(*s_->tok, req.prompt, po);
+    if (!prompt && prompt.message().rfind("empty prompt", 0) == 0) return make_error("empty prompt (give --prompt text, or drop --no-bos)");
+    if (!prompt) return prompt.err();
+    generation g;
+    g.prompt_ids = *prompt;
+    sampling_options so{req.temperature, req.top_p, req.seed, req.max_new_tokens, s_->tok->eos_id()};
+    so.cancel = cancel;
+    std::vector<int32_t> so_far;
+    std::string text_so_far;
+    if (on_token)
+      so.on_token = [&](int32_t id) {
+        so_far.push_back(id);
+        std::string text = s_->tok->decode_continuation(g.prompt_ids, so_far);
+        std::string piece = text.size() >= text_so_far.size() && text.compare(0, text_so_far.size(), text_so_far) == 0
+                                ? text.substr(text_so_far.size()) : text;
+        text_so_far = std::move(text);
+        return on_token(id, piece);
+      };
+    g.ids = lorapipe::generate(s_->weights, s_->lora ? &*s_->lora : nullptr, g.prompt_ids, so);
+    if (!g.ids.empty() && g.ids.back() == s_->tok->eos_id()) g.ids.pop_back();
+    g.text = s_->tok->decode_continuation(g.prompt_ids, g.ids);
+    return g;
+  });
+}
+
+result<std::vector<int32_t>> tokenize_text(const std::string& path, const std::string& text) {
+  return guarded([&]() -> result<std::vector<int32_t>> {
+    LP_TRY_ASSIGN(tok, load_tokenizer(path));
+    return tok->encode(text);
+  });
+}
+
+status export_adapter(const std::string& model, const std::string& adapter, const std::string& output, const std::string& format,
+                      const std::string& dtype, observer& obs) {
+  return guarded([&]() -> status {
+    LP_TRY_ASSIGN(dt, parse_dtype_name(format == "peft" ? std::string("float32") : dtype));
+    obs.on_event(phase_event{phase::loading_model, 0, 0, 0, model});
+    LP_TRY_ASSIGN(w, load_llama(model, {dt}));
+    LP_TRY_ASSIGN(l, load_peft_adapter(adapter, w));  // checked against the model before anything is written
+    obs.on_event(phase_event{phase::exporting, 0, 0, 0, output});
+    if (format == "peft") return save_peft_adapter(l, output);
+    auto tok_src = find_tokenizer_for_model(model);
+    return export_merged(w, l, output, tok_src ? *tok_src : fs::path(model));
+  });
+}
+
+result<eval_summary> evaluate_model(const project_config& cfg, const fs::path& adapter, const std::string& data_file, observer& obs,
+                                    const cancel_token* cancel) {
+  return evaluate_project(cfg, adapter, data_file, obs, cancel);
+}
+
+result<data_report> inspect_data(const project_config& cfg, int64_t examples, const std::string& open, const std::string& close) {
+  return guarded([&]() -> result<data_report> { return make_data_report(cfg, examples, open, close); });
+}
+
+}  // namespace lorapipe

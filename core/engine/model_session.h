@@ -1,0 +1,83 @@
+// Work with a model outside a training run, as library calls: a loaded model (weights, tokenizer,
+// optional adapter) that can be reused across calls (train, then chat without reloading), token-
+// streaming generation with cancel, tokenisation, evaluation, export, and the data report.
+// Nothing here throws or prints.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/base/cancel.h"
+#include "core/base/events.h"
+#include "core/base/result.h"
+#include "core/data/data_report.h"
+#include "core/project/project.h"
+#include "core/train/trainer.h"
+
+namespace lorapipe {
+
+struct model_request {
+  std::string model;      // HF folder or llama2.c .bin
+  std::string adapter;    // PEFT folder ("" = base model)
+  std::string tokenizer;  // "" = found next to the model
+  std::string dtype = "float32";
+  int64_t threads = 0;    // LibTorch CPU threads while this session computes (0 = all)
+};
+
+struct generate_request {
+  std::string prompt;
+  bool chat = false;      // the prompt as a user turn through the chat template
+  std::string system;     // chat: a system message
+  bool add_bos = true;
+  int64_t max_new_tokens = 64;
+  double temperature = 0, top_p = 1;
+  uint64_t seed = 0;
+};
+
+struct generation {
+  std::vector<int32_t> prompt_ids, ids;  // ids: the new tokens (EOS dropped)
+  std::string text;                      // the continuation
+};
+
+class model_session {
+ public:
+  static result<model_session> open(const model_request& req);
+  model_session(model_session&&) noexcept;
+  model_session& operator=(model_session&&) noexcept;
+  ~model_session();
+
+  // on_token(id, text piece) is called as each token is chosen (the piece: what it adds to the
+  // decoded continuation); returning false stops after it. A cancel request stops before the next.
+  result<generation> generate(const generate_request& req,
+                              const std::function<bool(int32_t id, const std::string& piece)>& on_token = {},
+                              const cancel_token* cancel = nullptr);
+  // Replaces the adapter ("" = base model) without reloading the base weights.
+  status set_adapter(const std::string& adapter);
+
+ private:
+  struct state;
+  explicit model_session(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
+};
+
+// Token ids of `text` (no BOS/EOS) with the tokenizer at `path` (file or model folder).
+result<std::vector<int32_t>> tokenize_text(const std::string& path, const std::string& text);
+
+// Merged HF folder (W + alpha/r·B·A) or, with format "peft", the adapter re-saved after checking it
+// against the model.
+status export_adapter(const std::string& model, const std::string& adapter, const std::string& output, const std::string& format,
+                      const std::string& dtype, observer& obs);
+
+// Loss and perplexity (see evaluate_project) with phase events.
+result<eval_summary> evaluate_model(const project_config& cfg, const std::filesystem::path& adapter, const std::string& data_file,
+                                    observer& obs, const cancel_token* cancel = nullptr);
+
+// The data report of a project (see core/data/data_report.h).
+result<data_report> inspect_data(const project_config& cfg, int64_t examples, const std::string& open = "[[",
+                                 const std::string& close = "]]");
+
+}  // namespace lorapipe

@@ -1,0 +1,47 @@
+// The plan of a project: see plan_report.h.
+#include "core/engine/plan_report.h"
+
+#include "core/model/llama_model.h"
+#include "core/pipeline/cost_model.h"
+#include "offload/device.h"
+#include "offload/memory_arena.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+
+namespace {
+result<llama_config> model_config(const project_config& cfg) {
+  const fs::path model = cfg.resolve(cfg.model.path);
+  if (fs::is_directory(model)) return load_llama_config(model / "config.json");
+  LP_TRY_ASSIGN(w, load_llama(model, {at::kFloat}));  // llama2.c: the header is inside the checkpoint
+  return w.cfg;
+}
+}  // namespace
+
+result<plan_report> make_plan(const project_config& cfg, double gflops) {
+  try {
+    LP_TRY(validate_project(cfg));
+    LP_TRY_ASSIGN(mc, model_config(cfg));
+    const bool pipelined = cfg.parallel.schedule != "single";
+    plan_report r;
+    r.gflops = gflops;
+    LP_TRY_ASSIGN(prog, make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers),
+                                      schedule_options_of(cfg)));
+    r.prog = std::move(prog);
+    r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
+    const sim_costs costs = estimate_costs(r.prog, mc, cfg, gflops);
+    r.sim = simulate(r.prog, costs);
+    if (!r.sim.ok) return make_error("the generated program is invalid: {}\n{}", r.sim.error, r.sim.grid);
+    r.stage_bytes = stage_weight_bytes(r.prog, mc, compute_element_bytes(cfg));
+    r.arenas = plan_weight_arenas(r.prog, r.stage_bytes, weight_alignment);
+    LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
+    r.devices = std::move(facts);
+    LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available()));
+    r.links = std::move(links);
+    return r;
+  } catch (const std::exception& e) {
+    return make_error("{}", e.what());
+  }
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,30 @@
+// The plan of a project before anything runs: its pipeline program, checked and simulated with the
+// cost model (FLOPs at an assumed throughput, the executor's exact stage weight bytes), the weight
+// arena each device reserves, and the transport of every link.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/base/result.h"
+#include "core/pipeline/schedule.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/pipeline/transport.h"
+#include "core/project/project.h"
+
+namespace lorapipe {
+
+struct plan_report {
+  program prog;
+  sim_result sim;
+  int64_t tokens_per_micro_batch = 0;
+  double gflops = 0;
+  std::vector<size_t> stage_bytes;           // weight block per stage
+  std::vector<weight_arena_plan> arenas;     // per device
+  std::vector<device_facts> devices;
+  std::vector<link_transport> links;
+};
+
+result<plan_report> make_plan(const project_config& cfg, double gflops);
+
+}  // namespace lorapipe

@@ -1,0 +1,68 @@
+// Run database queries for front-ends: see run_queries.h.
+#include "core/engine/run_queries.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+
+namespace {
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return make_error("{}", e.what());
+  }
+}
+}  // namespace
+
+result<std::vector<run_overview>> list_runs(const fs::path& database, int64_t limit) {
+  return guarded([&]() -> result<std::vector<run_overview>> {
+    run_store s(database);
+    std::vector<run_overview> out;
+    for (auto& r : s.list_runs(limit)) {
+      auto m = summarize_run(s, r.id);
+      out.push_back({std::move(r), std::move(m)});
+    }
+    return out;
+  });
+}
+
+result<run_details> show_run(const fs::path& database, int64_t run) {
+  return guarded([&]() -> result<run_details> {
+    run_store s(database);
+    auto d = load_run_details(s, run);
+    if (!d) return make_error("no run {} in {}", run, s.db().path().string());
+    return *d;
+  });
+}
+
+result<run_comparison> compare_runs(const fs::path& database, int64_t a, int64_t b) {
+  return guarded([&]() -> result<run_comparison> {
+    run_store s(database);
+    for (int64_t id : {a, b})
+      if (!s.get_run(id)) return make_error("no run {} in {}", id, s.db().path().string());
+    return *compare_runs(s, a, b);
+  });
+}
+
+result<stored_run> stored_run_of(const fs::path& database, int64_t run) {
+  return guarded([&]() -> result<stored_run> {
+    run_store s(database);
+    auto rec = s.get_run(run);
+    if (!rec) return make_error("no run {} in {}", run, s.db().path().string());
+    LP_TRY_ASSIGN(cfg, parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json"));
+    return stored_run{cfg, rec->output_dir, fs::path(rec->output_dir) / "adapter", rec->last_step};
+  });
+}
+
+status record_evaluation(const fs::path& database, int64_t run, int64_t step, const std::string& dataset, double loss, int64_t tokens) {
+  return guarded([&]() -> status {
+    run_store s(database);
+    run_batch b;
+    b.evals.push_back({step, "eval", dataset, loss, tokens});
+    s.write(run, b);
+    return ok_status();
+  });
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,224 @@
+// Run sessions: see run_session.h.
+#include "core/engine/run_session.h"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+#include <sqlite3.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#include "core/base/file_io.h"
+#include "core/runs/checkpoint.h"
+#include "core/runs/run_recorder.h"
+#include "core/runs/run_store.h"
+#include "core/runs/run_summary.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string first_line_with(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key, 0) == 0) {
+      auto p = line.find(':');
+      std::string v = p == std::string::npos ? line : line.substr(p + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  return {};
+}
+
+std::string hardware_json() {
+  utsname u{};
+  uname(&u);
+  json j = {{"cpu", first_line_with("/proc/cpuinfo", "model name")},
+            {"cores", static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN))},
+            {"memory", first_line_with("/proc/meminfo", "MemTotal")},
+            {"os", fmt::format("{} {} {}", u.sysname, u.release, u.machine)},
+            {"cuda_devices", torch::cuda::device_count()}};
+  return j.dump();
+}
+
+std::string versions_json() {
+  json j = {{"lorapipe", "0.1.0"}, {"libtorch", TORCH_VERSION}, {"sqlite", sqlite3_libversion()}, {"compiler", __VERSION__}};
+  return j.dump();
+}
+
+fs::path checkpoint_root_of(const std::string& output_dir, int64_t run) {
+  return fs::path(output_dir) / "checkpoints" / fmt::format("run-{}", run);
+}
+
+// Store calls throw database_error; every entry point turns that (and anything else) into a value.
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return make_error("{}", e.what());
+  }
+}
+
+status check_output_dir(const project_config& cfg) {
+  const fs::path out = cfg.resolve(cfg.run.output_dir);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return make_error("run.output_dir: cannot create {}: {}", out.string(), ec.message());
+  if (auto st = write_file_atomic(out / ".lorapipe-write-test", ""); !st)
+    return make_error("run.output_dir: {} is not writable ({})", out.string(), st.message());
+  fs::remove(out / ".lorapipe-write-test", ec);
+  return ok_status();
+}
+
+// The checkpoint a resume continues from (empty: none yet, start over), verified.
+result<fs::path> choose_checkpoint(int64_t run, const fs::path& root, std::optional<int64_t> step) {
+  auto all = list_checkpoints(root);
+  fs::path from;
+  if (step) {
+    auto it = std::find_if(all.begin(), all.end(), [&](const auto& c) { return c.step == *step; });
+    if (it == all.end()) return make_error("run {} has no checkpoint at step {} in {}", run, *step, root.string());
+    from = it->dir;
+  } else if (!all.empty()) {
+    from = all.back().dir;
+  }
+  if (from.empty()) return from;
+  if (auto v = verify_checkpoint(from); !v) {
+    std::string older;
+    for (const auto& c : all)
+      if (c.dir != from) older += fmt::format(" {}", c.step);
+    return make_error("{}\nnothing was changed; {}", v.message(),
+                      older.empty() ? "no older checkpoint exists (start a new run with lorapipe-cli train)"
+                                    : "older checkpoints (resume with --checkpoint STEP):" + older);
+  }
+  return from;
+}
+
+}  // namespace
+
+const char* run_status_name(run_status s) {
+  switch (s) {
+    case run_status::completed: return "completed";
+    case run_status::stopped: return "stopped";
+    case run_status::failed: return "failed";
+  }
+  return "?";
+}
+
+fs::path resolve_database(const std::string& flag, const project_config* cfg) {
+  if (!flag.empty()) return fs::absolute(flag);
+  if (cfg != nullptr && !cfg->run.database.empty()) return cfg->resolve(cfg->run.database);
+  return default_database_path();
+}
+
+result<run_handle> begin_run(const project_config& cfg, const std::string& project_path, const fs::path& database) {
+  return guarded([&]() -> result<run_handle> {
+    if (auto st = validate_project(cfg); !st) return make_error("{} is not valid:\n{}", project_path, st.message());
+    LP_TRY(check_output_dir(cfg));  // refused before a run is recorded
+    run_handle h;
+    h.config = with_absolute_paths(cfg);
+    h.database = database;
+    run_store store(database);
+    new_run nr{cfg.name, fs::absolute(project_path).lexically_normal().string(), project_to_json(h.config), config_hash(h.config),
+               h.config.run.output_dir, hardware_json(), versions_json(), cfg.run.steps, static_cast<int64_t>(::getpid())};
+    h.run_id = store.begin_run(nr);
+    h.total_steps = cfg.run.steps;
+    h.checkpoint_root = checkpoint_root_of(h.config.run.output_dir, h.run_id);
+    return h;
+  });
+}
+
+result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::optional<int64_t> checkpoint_step) {
+  return guarded([&]() -> result<run_handle> {
+    run_store store(database);
+    auto rec = store.get_run(run);
+    if (!rec) return make_error("no run {} in {}", run, database.string());
+    run_handle h;
+    h.run_id = run;
+    h.database = database;
+    h.total_steps = rec->total_steps;
+    if (rec->status == "completed") {
+      h.already_completed = true;
+      return h;
+    }
+    if (rec->status == "running" && rec->pid != ::getpid() && process_alive(rec->pid))
+      return make_error("run {} is still running (pid {})", run, rec->pid);
+    auto cfg = parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json");
+    if (!cfg) return make_error("run {}: stored configuration: {}", run, cfg.message());
+    if (auto st = validate_project(*cfg); !st) return make_error("run {} can no longer run:\n{}", run, st.message());
+    h.config = *cfg;
+    h.checkpoint_root = checkpoint_root_of(rec->output_dir, run);
+    LP_TRY_ASSIGN(from, choose_checkpoint(run, h.checkpoint_root, checkpoint_step));
+    if (!from.empty()) {
+      LP_TRY_ASSIGN(info, verify_checkpoint(from));
+      h.start_step = info.step;
+    }
+    h.resume_from = from;
+    store.truncate_after(run, h.start_step);
+    store.mark_resumed(run, ::getpid());
+    return h;
+  });
+}
+
+result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts) {
+  std::string failure;
+  try {
+    run_store store(h.database);
+    store.set_probe(opts.probe);
+    auto recorder = std::make_unique<run_recorder>(store, h.run_id, h.config.resolve(h.config.data.train).string());
+    observer_tee tee({&obs, recorder.get()});
+    train_options to;
+    to.cancel = &cancel;
+    to.checkpoint_root = h.checkpoint_root;
+    to.resume_from = h.resume_from;
+    to.config_hash = config_hash(h.config);
+    to.probe = opts.probe;
+    to.run.run_id = h.run_id;
+    to.run.start_step = h.start_step;
+    to.run.output_dir = h.config.resolve(h.config.run.output_dir).string();
+    to.run.checkpoint_dir = h.checkpoint_root.string();
+    to.run.database = store.db().path().string();
+    auto r = run_training(h.config, tee, to);
+    if (!r) recorder->on_event(log_event{log_event::level::error, r.message()});
+    const std::string db_err = recorder->finish();
+    recorder.reset();
+    if (!r) failure = r.message();
+    else if (!db_err.empty()) failure = "run database: " + db_err;
+    if (failure.empty()) {
+      const bool stopped = r->stopped;
+      store.set_status(h.run_id, stopped ? "interrupted" : "completed", stopped ? "stopped by the user" : "");
+      return run_outcome{stopped ? run_status::stopped : run_status::completed, *r};
+    }
+    store.set_status(h.run_id, "failed", failure);
+  } catch (const std::exception& e) {
+    if (failure.empty()) failure = e.what();
+    try {  // a fresh connection: the status is written whatever happened above
+      run_store(h.database).set_status(h.run_id, "failed", failure);
+    } catch (const std::exception&) {
+    }
+  }
+  obs.on_event(run_finished_event{0, 0, 0, 0, {}, false, "failed", failure});
+  return make_error("{}", failure);
+}
+
+probe_fn kill_probe_from_environment() {
+  const char* spec = std::getenv("LORAPIPE_KILL_AT");
+  if (spec == nullptr || *spec == 0) return {};
+  std::string s(spec);
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos) return {};
+  auto site = s.substr(0, colon);
+  auto left = std::make_shared<std::atomic<int64_t>>(std::atoll(s.c_str() + colon + 1));
+  return [site, left](const char* at) {
+    if (site == at && left->fetch_sub(1) == 1) std::raise(SIGKILL);
+  };
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,58 @@
+// Run sessions: the run lifecycle every front-end uses. begin_run (validation, output-folder check,
+// hardware/version fingerprint, the run row), prepare_resume (liveness, checkpoint choice and
+// verification, the abandoned metrics dropped), execute_run (training with the run recorder, a
+// cancel token and the caller's observer; the run's final status is always written). Nothing here
+// throws or prints.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "core/base/cancel.h"
+#include "core/base/events.h"
+#include "core/base/result.h"
+#include "core/project/project.h"
+#include "core/train/trainer.h"
+
+namespace lorapipe {
+
+// The run database: `flag` (e.g. --db), else the project's run.database, else $LORAPIPE_DB, else
+// $XDG_DATA_HOME/lorapipe/runs.db (~/.local/share/lorapipe/runs.db).
+std::filesystem::path resolve_database(const std::string& flag, const project_config* cfg = nullptr);
+
+struct run_handle {
+  int64_t run_id = 0;
+  std::filesystem::path database;
+  project_config config;                // absolute paths
+  std::filesystem::path resume_from;    // empty: from the start
+  std::filesystem::path checkpoint_root;
+  int64_t start_step = 0, total_steps = 0;
+  bool already_completed = false;       // prepare_resume of a completed run: nothing to do
+};
+
+result<run_handle> begin_run(const project_config& cfg, const std::string& project_path, const std::filesystem::path& database);
+// checkpoint_step: an older checkpoint to continue from (nullopt = the newest).
+result<run_handle> prepare_resume(const std::filesystem::path& database, int64_t run, std::optional<int64_t> checkpoint_step);
+
+enum class run_status { completed, stopped, failed };
+const char* run_status_name(run_status s);
+
+struct run_outcome {
+  run_status status = run_status::completed;
+  train_summary summary;
+};
+
+struct execute_options {
+  probe_fn probe;  // test hook (kill tests): checkpoint writes, database commits, pipeline instructions
+};
+
+// Trains the run; a failure comes back as an error value after the run is recorded as failed.
+result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts = {});
+
+// LORAPIPE_KILL_AT=<site>:<n> (kill tests): the process SIGKILLs itself the n-th time it reaches
+// <site> (checkpoint:file, checkpoint:manifest, checkpoint:rename, db:commit, pipeline:instruction).
+probe_fn kill_probe_from_environment();
+
+}  // namespace lorapipe

@@ -1,0 +1,92 @@
+// Llama model in LibTorch: frozen base weights, the layer-level forward pieces (embedding,
+// decoder layer, head) that the pipeline executor calls per stage, and the whole-model forward.
+// Architecture: token embedding, RMSNorm, RoPE (rotate_half, HF layout), grouped-query attention,
+// SwiGLU MLP, tied or untied LM head. Weights are loaded from an HF folder (single or sharded
+// safetensors) or a llama2.c .bin; they are frozen (requires_grad false) in the compute dtype.
+#pragma once
+
+#include <array>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/base/cancel.h"
+#include "core/project/llama_config.h"
+#include "core/model/lora.h"
+#include "core/base/result.h"
+
+namespace lorapipe {
+
+struct layer_weights {
+  at::Tensor input_norm;  // [D]
+  // Projections in HF [out, in] layout, indexed by lora_target.
+  std::array<at::Tensor, num_lora_targets> proj;
+  at::Tensor post_norm;  // [D]
+};
+
+struct rope_tables {
+  at::Tensor cos;  // f32 [max_pos, head_dim]
+  at::Tensor sin;  // f32 [max_pos, head_dim]
+};
+
+struct llama_weights {
+  llama_config cfg;
+  at::ScalarType dtype;       // compute dtype of the weights
+  at::Tensor embed;           // [V, D]
+  std::vector<layer_weights> layers;
+  at::Tensor final_norm;      // [D]
+  at::Tensor lm_head;         // [V, D]; same storage as embed when tied
+  rope_tables rope;
+  std::string source;         // path it was loaded from
+};
+
+// Per-layer key/value cache for incremental decoding.
+struct kv_cache {
+  std::vector<at::Tensor> k, v;  // [B, n_kv, S, hd] per layer
+  int64_t length = 0;
+};
+
+struct load_options {
+  at::ScalarType dtype;  // compute dtype: Float, BFloat16 or Half
+  progress_fn progress = {};  // per layer loaded; false stops with "cancelled"
+};
+
+// Path: an HF folder (config.json + model.safetensors[.index.json]) or a llama2.c .bin file.
+result<llama_weights> load_llama(const std::filesystem::path& path, const load_options& opt);
+rope_tables make_rope_tables(const llama_config& cfg);
+
+// What a decoder layer needs besides its own weights (the pipeline executor passes device copies).
+struct layer_context {
+  const llama_config& cfg;
+  const rope_tables& rope;
+  const lora_adapters* lora;  // may be null
+  bool training;
+  // LoRA dropout masks are counter-based: drawn from a generator seeded by (dropout_seed, layer,
+  // target), so a recompute reproduces its forward's masks and no process-global RNG is used.
+  // The trainer passes dropout_key(run seed, step, micro-batch).
+  uint64_t dropout_seed = 0;
+};
+uint64_t dropout_key(uint64_t seed, int64_t step, int64_t micro_batch);
+at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_weights& lw, const at::Tensor& x /*[B,T,D]*/,
+                         int64_t start_pos, kv_cache* cache);
+at::Tensor head_logits(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head,
+                       const at::Tensor& x /*[B,T,D]*/);
+
+// Forward pieces. `lora` may be null (base model). `training` enables LoRA dropout.
+at::Tensor embed_tokens(const llama_weights& w, const at::Tensor& tokens /*i64 [B,T]*/);
+at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapters* lora, const at::Tensor& x /*[B,T,D]*/,
+                         int64_t start_pos, kv_cache* cache, bool training, uint64_t dropout_seed = 0);
+at::Tensor lm_logits(const llama_weights& w, const at::Tensor& x /*[B,T,D]*/);  // -> [B,T,V] in compute dtype
+
+// Whole model: logits [B,T,V] (compute dtype).
+at::Tensor forward(const llama_weights& w, const lora_adapters* lora, const at::Tensor& tokens, int64_t start_pos = 0,
+                   kv_cache* cache = nullptr, bool training = false, uint64_t dropout_seed = 0);
+
+// Mean token cross-entropy (f32 scalar) of logits [B,T,V] against labels i64 [B,T]; -100 = ignored.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+// Summed token cross-entropy (f32 scalar) over the labels that are not -100 (0 when there are none).
+at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace lorapipe

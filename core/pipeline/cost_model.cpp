@@ -1,0 +1,71 @@
+// The pipeline cost model: see cost_model.h.
+#include "core/pipeline/cost_model.h"
+
+#include "offload/memory_arena.h"
+
+namespace lorapipe {
+
+schedule_options schedule_options_of(const project_config& cfg) {
+  const bool pipelined = cfg.parallel.schedule != "single";
+  schedule_options so;
+  so.devices = pipelined ? static_cast<int32_t>(device_count(cfg.parallel.devices)) : 1;
+  so.micro_batches = pipelined ? static_cast<int32_t>(cfg.parallel.micro_batches) : 1;
+  so.virtual_stages = static_cast<int32_t>(cfg.parallel.virtual_stages);
+  so.recompute = cfg.offload.recompute;
+  so.offload_activations = cfg.offload.activations && cfg.offload.recompute;
+  so.stream_weights = cfg.offload.stream_weights;
+  return so;
+}
+
+size_t compute_element_bytes(const project_config& cfg) { return cfg.model.dtype == "float32" ? 4 : 2; }
+
+std::vector<size_t> stage_tensor_bytes(const stage_def& st, const llama_config& c, size_t elem) {
+  const size_t D = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.intermediate_size);
+  const size_t q = static_cast<size_t>(c.num_heads * c.head_dim), kv = static_cast<size_t>(c.num_kv_heads * c.head_dim);
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  std::vector<size_t> out;
+  for (int32_t l = st.first_layer; l < st.last_layer; ++l)
+    for (size_t n : {D, D, q * D, kv * D, kv * D, D * q, I * D, I * D, D * I}) out.push_back(n * elem);
+  if (st.has_embed) out.push_back(V * D * elem);
+  if (st.has_head) {
+    out.push_back(D * elem);
+    if (!(st.has_embed && c.tie_word_embeddings)) out.push_back(V * D * elem);
+  }
+  return out;
+}
+
+std::vector<size_t> stage_weight_bytes(const program& p, const llama_config& c, size_t elem) {
+  std::vector<size_t> out;
+  for (const auto& st : p.stages) out.push_back(layout_block(stage_tensor_bytes(st, c, elem), weight_alignment).bytes);
+  return out;
+}
+
+double stash_bytes_per_layer(const llama_config& c, int64_t tokens, size_t elem_bytes) {
+  const double kv = static_cast<double>(c.num_kv_heads * c.head_dim), q = static_cast<double>(c.num_heads * c.head_dim);
+  return static_cast<double>(tokens) * elem_bytes * (7.0 * c.hidden_size + 2 * q + 2 * kv + 3.0 * c.intermediate_size);
+}
+
+sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, double gflops) {
+  const size_t elem = compute_element_bytes(cfg);
+  const int64_t tokens = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches) * cfg.data.seq_len;
+  const double layer_params = static_cast<double>(mc.hidden_size) * mc.head_dim * (2 * mc.num_heads + 2 * mc.num_kv_heads) +
+                              3.0 * mc.hidden_size * mc.intermediate_size;
+  const double attn_flops = 4.0 * cfg.data.seq_len * mc.num_heads * mc.head_dim * tokens;
+  const double f_layer = (2.0 * layer_params * tokens + attn_flops) / (gflops * 1e9);
+  sim_costs c;
+  for (const auto& s : p.stages) {
+    double fwd = (s.last_layer - s.first_layer) * f_layer;
+    if (s.has_head) fwd += 2.0 * mc.vocab_size * mc.hidden_size * tokens / (gflops * 1e9);
+    c.forward_s.push_back(fwd);
+    c.backward_s.push_back(2 * fwd);
+    c.recompute_s.push_back(fwd);
+  }
+  for (size_t b : stage_weight_bytes(p, mc, elem)) c.weight_bytes.push_back(static_cast<double>(b));
+  c.act_bytes = static_cast<double>(tokens) * mc.hidden_size * elem;
+  c.stash_bytes_per_layer = stash_bytes_per_layer(mc, tokens, elem);
+  c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
+  c.steady_state = true;
+  return c;
+}
+
+}  // namespace lorapipe

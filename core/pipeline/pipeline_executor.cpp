@@ -1,0 +1,155 @@
+// Pipeline executor: construction, the step driver and the async optimizer (see
+// pipeline_executor.h); the instructions themselves run in pipeline_worker.cpp.
+#include "core/pipeline/pipeline_executor.h"
+
+#include <thread>
+
+#include "core/pipeline/pipeline_impl.h"
+
+namespace lorapipe {
+
+pipeline_executor::pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog,
+                                     std::vector<compute_device*> devices, adamw_config opt, pipeline_options po)
+    : prog_(std::move(prog)) {
+  d_ = std::make_unique<impl>(w, lora, prog_, std::move(devices), opt, po);
+}
+
+void pipeline_executor::flush() {
+  auto& s = *d_;
+  if (!s.pending.valid()) return;
+  s.pending.get();
+  torch::NoGradGuard ng;
+  auto params = s.lora.parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.master[i]);
+}
+
+const std::vector<weight_arena_plan>& pipeline_executor::weight_plan() const { return d_->weight_plan; }
+
+std::vector<adamw*> pipeline_executor::optimizers() {
+  auto& s = *d_;
+  if (s.po.async_optimizer) {
+    flush();
+    if (s.master.empty()) {
+      torch::NoGradGuard ng;
+      for (const auto& p : s.lora.parameters()) s.master.push_back(p.detach().clone());
+      s.master_opt = std::make_unique<adamw>(s.master, s.opt_cfg);
+    }
+    return {s.master_opt.get()};
+  }
+  std::vector<adamw*> out;
+  for (auto& [stage, o] : s.optim) out.push_back(o.get());
+  return out;
+}
+
+pipeline_executor::~pipeline_executor() {
+  if (d_->pending.valid()) d_->pending.wait();
+  // Copies still in flight reference this executor (deliveries into its mailbox): every download
+  // (which may queue an upload elsewhere), then every upload and weight upload.
+  for (auto* d : d_->devs) d->download().submit(0, [] {}).wait();
+  for (auto* d : d_->devs) {
+    d->upload().submit(0, [] {}).wait();
+    d->weight_upload().submit(0, [] {}).wait();
+  }
+}
+
+result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
+                                                     bool apply_optimizer) {
+  auto& s = *d_;
+  if (static_cast<int32_t>(mbs.size()) != prog_.micro_batches)
+    return make_error("pipeline: {} micro-batches given, the program expects {}", mbs.size(), prog_.micro_batches);
+  if (s.devs.size() != prog_.devices.size())
+    return make_error("pipeline: program for {} devices, {} given", prog_.devices.size(), s.devs.size());
+  // The weight arenas of the memory plan, reserved before anything else is allocated.
+  for (size_t d = 0; d < s.devs.size(); ++d) {
+    try {
+      LP_TRY(s.devs[d]->reserve_weight_arena(s.weight_plan[d].bytes));
+    } catch (const std::exception& e) {
+      return make_error("{}: weight arena of {} bytes: {}", s.devs[d]->name(), s.weight_plan[d].bytes, e.what());
+    }
+  }
+  s.mailbox.clear();
+  s.host.clear();
+  s.backward_left = s.total_backward;
+  s.failed = false;
+  s.cancelled = false;
+  s.error.clear();
+  s.norm_done = false;
+  s.grad_norm = 0;
+  s.loss_sum = 0;
+  s.trace.clear();
+  for (auto* d : s.devs) {
+    d->arena().reset_peak();
+    if (auto* wa = d->weight_arena()) wa->reset_peak();
+  }
+  const int main_threads = at::get_num_threads();
+  s.t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (int32_t d = 0; d < static_cast<int32_t>(s.devs.size()); ++d)
+    threads.emplace_back([&, d] {
+      try {
+        s.worker(d, mbs, lr, max_grad_norm, apply_optimizer);
+      } catch (const aborted&) {
+      } catch (const c10::Error& e) {
+        s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what_without_backtrace()));
+      } catch (const std::exception& e) {
+        s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what()));
+      }
+    });
+  for (auto& t : threads) t.join();
+  // Let in-flight activation copies finish before their memory and tensors go away. Weight uploads
+  // may continue: the cross-iteration prefetch overlaps whatever runs between steps, and the next
+  // step's PREFETCH finds the stage resident (waiting for the upload only if it is still running).
+  // Every download first (a host-staged download queues the upload on the receiving device), then
+  // every upload.
+  for (auto* d : s.devs) d->download().submit(0, [] {}).wait();
+  for (auto* d : s.devs) d->upload().submit(0, [] {}).wait();
+  at::set_num_threads(main_threads);
+  pipeline_step_result r;
+  r.seconds = std::chrono::duration<double>(clock_type::now() - s.t0).count();
+  s.mailbox.clear();
+  s.host.clear();
+  if (s.failed) {
+    for (auto* d : s.devs) d->weight_upload().submit(0, [] {}).wait();
+    for (auto& m : s.on_device) m.clear();
+    for (auto& p : s.lora.parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    if (s.cancelled) return make_error("cancelled");
+    return make_error("pipeline step failed: {}", s.error);
+  }
+  r.loss = s.loss_sum / prog_.micro_batches;
+  r.grad_norm = s.grad_norm;
+  if (s.po.async_optimizer && apply_optimizer) {
+    // Install the previous step's result (weights for the next iteration: one step stale), then
+    // hand this iteration's gradients to a background AdamW step on the master weights.
+    auto params = s.lora.parameters();
+    torch::NoGradGuard ng;
+    if (s.master.empty()) {
+      for (const auto& p : params) s.master.push_back(p.detach().clone());
+      s.master_opt = std::make_unique<adamw>(s.master, s.opt_cfg);
+    }
+    r.grad_norm = 0;  // the norm of the previous iteration's gradients (known once its step is done)
+    if (s.pending.valid()) {
+      r.grad_norm = s.pending.get();
+      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.master[i]);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      s.master[i].mutable_grad() = params[i].grad().clone();
+      params[i].mutable_grad().zero_();
+    }
+    s.pending = std::async(std::launch::async, [&s, lr, max_grad_norm] {
+      at::set_num_threads(1);
+      const double norm = clip_grad_norm(s.master, max_grad_norm);
+      s.master_opt->step(lr);
+      return norm;
+    });
+  }
+  for (auto* d : s.devs) {
+    r.peak_bytes.push_back(d->arena().peak());
+    r.weight_arena_bytes.push_back(d->weight_arena() != nullptr ? d->weight_arena()->capacity() : 0);
+    r.weight_arena_peak.push_back(d->weight_arena() != nullptr ? d->weight_arena()->peak() : 0);
+  }
+  r.trace = s.trace;
+  return r;
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,102 @@
+// Runs a schedule program on compute devices: one worker thread per device walks its instruction
+// list (a switch over the instruction kind), frozen base weights are uploaded from host memory into
+// each device's arena by PREFETCH_WEIGHTS (double-buffered by the generators) and freed by
+// RELEASE_WEIGHTS, stage inputs are checkpointed, offloaded to host and reloaded for recompute,
+// activations and gradients cross devices through the copy engines, host-staged or peer per link.
+// LoRA parameters keep their AdamW state per stage; OPTIMIZER_STEP applies it after a global
+// gradient-norm clip. One call = one training iteration.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/model/llama_model.h"
+#include "core/model/lora.h"
+#include "core/model/optimizer.h"
+#include "core/base/result.h"
+#include "core/base/cancel.h"
+#include "core/pipeline/schedule.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/pipeline/transport.h"
+#include "offload/device.h"
+
+namespace lorapipe {
+
+struct micro_batch {
+  at::Tensor tokens;  // i64 [b,T]
+  at::Tensor labels;  // i64 [b,T], -100 = ignored
+  // 0: the loss is this micro-batch's mean over 1/micro_batches. > 0: the summed loss times this
+  // (1 / trained tokens of the whole step), so masked batches give a token-weighted mean.
+  double loss_scale = 0;
+  uint64_t dropout_seed = 0;  // LoRA dropout masks: dropout_key(run seed, step, micro-batch)
+};
+
+struct instr_timing {
+  int32_t device;
+  instr in;
+  double start_s, end_s;  // since the step began
+};
+
+struct pipeline_step_result {
+  double loss = 0;       // mean over micro-batches
+  double grad_norm = 0;  // before clipping
+  double seconds = 0;
+  std::vector<size_t> peak_bytes;  // per device arena peak during the step (weight arena included)
+  std::vector<size_t> weight_arena_bytes, weight_arena_peak;  // per device: reserved, used at the peak
+  std::vector<instr_timing> trace;  // compute instructions (F, R, B) with times
+};
+
+
+struct pipeline_options {
+  // Recompute granularity: false = a stage at a time (RECOMPUTE rebuilds the whole stage's graph);
+  // true = a layer at a time (every layer input is checkpointed/offloaded; BACKWARD recomputes and
+  // back-propagates one layer after another: less memory, more host<->device traffic).
+  bool layer_recompute = false;
+  // One-step-stale asynchronous optimizer (opt-in): the AdamW step of iteration i runs on a master
+  // copy of the LoRA weights while iteration i+1 computes with the weights from before step i.
+  bool async_optimizer = false;
+  // Per link (choose_transports); links not listed are host-staged.
+  std::vector<link_transport> transports;
+  // Checked before every instruction: a request ends the step with the error "cancelled" while no
+  // stage has started its optimizer update (state unchanged: the step can simply be run again).
+  const cancel_token* cancel = nullptr;
+  // Test hook: called with "pipeline:instruction" before every instruction of every device.
+  std::function<void(const char* site)> probe;
+};
+
+class pipeline_executor {
+ public:
+  pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog, std::vector<compute_device*> devices,
+                    adamw_config opt, pipeline_options po = {});
+  ~pipeline_executor();
+  pipeline_executor(const pipeline_executor&) = delete;
+  pipeline_executor& operator=(const pipeline_executor&) = delete;
+
+  // One iteration over micro-batches (as many as the program's micro_batches). Gradients are the
+  // mean over all micro-batches. With apply_optimizer, OPTIMIZER_STEP clips them globally to
+  // max_grad_norm and runs AdamW with `lr` (then zeroes them); without, they are left in .grad().
+  result<pipeline_step_result> step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
+                                    bool apply_optimizer = true);
+  const program& prog() const { return prog_; }
+  // Memory plan: the weight arena each device reserves (best-fit placement of the program's
+  // PREFETCH/RELEASE sequence, made before anything is allocated).
+  const std::vector<weight_arena_plan>& weight_plan() const;
+  // Async optimizer: waits for the pending step and installs its result in the LoRA weights (call
+  // before saving or evaluating). No-op otherwise.
+  void flush();
+  // The AdamW instances that own the LoRA state (per stepping stage; with the async optimizer the
+  // one on the master copies, whose parameters line up with lora.parameters()). Flushes first.
+  std::vector<adamw*> optimizers();
+
+  struct impl;  // core/pipeline/pipeline_impl.h (internal)
+
+ private:
+  std::unique_ptr<impl> d_;
+  program prog_;
+};
+
+}  // namespace lorapipe

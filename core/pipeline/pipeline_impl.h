@@ -1,0 +1,284 @@
+// Internal to core/pipeline: the executor's state (pipeline_executor::impl) shared by
+// pipeline_executor.cpp (construction, the step driver, the async optimizer) and
+// pipeline_worker.cpp (one method per instruction kind). Not a public header.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include <torch/torch.h>
+
+#include "core/base/errors.h"
+#include "core/pipeline/cost_model.h"
+#include "core/pipeline/pipeline_executor.h"
+#include "core/pipeline/schedule_sim.h"
+
+namespace lorapipe {
+namespace pipeline_detail {
+
+using clock_type = std::chrono::steady_clock;
+
+// Memory held in a device arena for as long as the owning tensor lives (RAII).
+struct arena_block {
+  memory_arena* arena;
+  size_t offset;
+  arena_block(memory_arena& a, size_t bytes) : arena(&a) {
+    auto r = a.allocate(bytes);
+    if (!r) throw out_of_memory_error(r.message());
+    offset = *r;
+  }
+  ~arena_block() { arena->release(offset); }
+  arena_block(const arena_block&) = delete;
+  arena_block& operator=(const arena_block&) = delete;
+};
+using block_ptr = std::shared_ptr<arena_block>;
+
+inline size_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// A tensor that may still be in flight on a copy engine.
+struct async_tensor {
+  std::shared_future<void> done;
+  std::shared_ptr<at::Tensor> value = std::make_shared<at::Tensor>();
+  block_ptr mem;
+  at::Tensor get() const {
+    if (done.valid()) done.get();
+    return *value;
+  }
+  static async_tensor ready(at::Tensor t, block_ptr m) {
+    async_tensor a;
+    *a.value = std::move(t);
+    a.mem = std::move(m);
+    return a;
+  }
+};
+
+// Frozen weights of one stage on one device.
+struct stage_weights {
+  std::vector<layer_weights> layers;
+  at::Tensor embed, final_norm, lm_head;
+};
+
+struct graph_stash {
+  at::Tensor input;   // leaf with requires_grad (undefined for the embedding stage)
+  at::Tensor output;  // hidden state [b,T,D], or the scaled loss for the head stage
+  block_ptr mem;
+};
+
+struct aborted {};
+
+}  // namespace pipeline_detail
+using namespace pipeline_detail;
+
+
+struct pipeline_executor::impl {
+  const llama_weights& w;
+  lora_adapters& lora;
+  const program& prog;
+  pipeline_options po;
+  adamw_config opt_cfg;
+  // Async optimizer: master weights, their optimizer, and the step in flight.
+  std::vector<at::Tensor> master;
+  std::unique_ptr<adamw> master_opt;
+  std::future<double> pending;
+  std::vector<compute_device*> devs;
+  std::map<int32_t, std::unique_ptr<adamw>> optim;           // per stage that steps
+  std::map<int32_t, std::vector<at::Tensor>> stage_params;   // LoRA parameters per stepping stage
+  std::set<int32_t> recomputed;                              // stages with a RECOMPUTE instruction
+  std::set<int32_t> backwarded;                              // stages with a BACKWARD instruction
+  std::map<int32_t, std::set<int32_t>> checkpoints;          // forward stage -> boundaries it saves
+  int32_t total_backward = 0;
+  // Frozen weights on each device; they persist across steps until RELEASE_WEIGHTS (resident mode).
+  struct resident_weights {
+    std::shared_future<void> ready;
+    std::shared_ptr<stage_weights> weights;
+    std::shared_ptr<void> block;  // the stage's block in the device's weight arena
+  };
+  std::vector<weight_arena_plan> weight_plan;  // per device, from the program (memory plan)
+  std::vector<std::map<int32_t, resident_weights>> on_device;
+
+  // Per-step shared state.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::tuple<char, int32_t, int32_t, int32_t>, async_tensor> mailbox;  // (A|G, boundary, micro, dest)
+  std::map<std::pair<int32_t, int32_t>, async_tensor> host;                    // offloaded checkpoints
+  int32_t backward_left = 0;
+  bool failed = false;
+  bool cancelled = false;  // the failure was a stop request (cancel_before_update)
+  std::string error;
+  bool norm_done = false;
+  double grad_norm = 0, loss_sum = 0;
+  std::vector<instr_timing> trace;
+  clock_type::time_point t0;
+
+  impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt,
+       pipeline_options o)
+      : w(w_), lora(l), prog(p), po(o), opt_cfg(opt), devs(std::move(d)), on_device(devs.size()) {
+    for (const auto& list : prog.devices)
+      for (const auto& in : list) {
+        if (in.kind == op::recompute) recomputed.insert(in.stage);
+        if (in.kind == op::backward) {
+          ++total_backward;
+          backwarded.insert(in.stage);
+        }
+      }
+    for (const auto& list : prog.devices)
+      for (const auto& in : list)
+        if (in.kind == op::forward)
+          for (int32_t x : recomputed) {
+            const auto& sx = prog.stages[x];
+            const int32_t b_end = po.layer_recompute ? sx.last_layer : sx.first_layer + 1;
+            for (int32_t b = sx.first_layer; b < b_end; ++b)
+              if (b >= prog.stages[in.stage].first_layer && b < std::max(prog.stages[in.stage].last_layer, prog.stages[in.stage].first_layer + 1))
+                checkpoints[in.stage].insert(b);
+          }
+    for (const auto& list : prog.devices)
+      for (const auto& in : list)
+        if (in.kind == op::optimizer_step) {
+          std::vector<at::Tensor> ps;
+          const auto& st = prog.stages[in.stage];
+          for (int32_t l = st.first_layer; l < st.last_layer; ++l)
+            for (const auto& pair : lora.layers[l])
+              if (pair.a.defined()) {
+                ps.push_back(pair.a);
+                ps.push_back(pair.b);
+              }
+          stage_params[in.stage] = ps;
+          optim[in.stage] = std::make_unique<adamw>(ps, opt);
+        }
+    std::vector<size_t> stage_bytes;
+    for (const auto& st : prog.stages) {
+      std::vector<size_t> sizes;
+      for (const auto& t : stage_host_weights(st)) sizes.push_back(nbytes(t));
+      stage_bytes.push_back(layout_block(sizes, weight_alignment).bytes);
+    }
+    weight_plan = plan_weight_arenas(prog, stage_bytes, weight_alignment);
+  }
+
+  transport_kind link_kind(int32_t from, int32_t to) const {
+    for (const auto& l : po.transports)
+      if (l.from == from && l.to == to) return l.kind;
+    return transport_kind::host_staged;
+  }
+
+  // The frozen host tensors of a stage, in the order they are laid out in its weight block.
+  std::vector<at::Tensor> stage_host_weights(const stage_def& st) const {
+    std::vector<at::Tensor> out;
+    for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+      out.push_back(w.layers[l].input_norm);
+      out.push_back(w.layers[l].post_norm);
+      for (const auto& p : w.layers[l].proj) out.push_back(p);
+    }
+    if (st.has_embed) out.push_back(w.embed);
+    if (st.has_head) {
+      out.push_back(w.final_norm);
+      if (!(st.has_embed && w.cfg.tie_word_embeddings)) out.push_back(w.lm_head);
+    }
+    return out;
+  }
+
+  void fail(const std::string& msg) {
+    std::lock_guard lock(mu);
+    if (!failed) {
+      failed = true;
+      error = msg;
+    }
+    cv.notify_all();
+  }
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
+    cv.wait(lock, [&] { return failed || pred(); });
+    if (failed) throw aborted{};
+  }
+
+  // Runs the layers of a stage from `x` (embedding stage: token ids); saves checkpoints at the
+  // requested boundaries into `ckpt` and returns the hidden state (or the loss for the head stage).
+  at::Tensor run_stage(const layer_context& ctx, const stage_weights& sw, const stage_def& st, int32_t stage, const at::Tensor& input,
+                       const micro_batch& mb, std::map<int32_t, at::Tensor>* ckpt, double* loss_out) {
+    at::Tensor x = input;
+    if (st.has_embed) {
+      if (ckpt != nullptr && saves_checkpoint(stage, 0)) (*ckpt)[0] = mb.tokens;
+      x = torch::embedding(sw.embed, input);  // [b,T,D]
+    }
+    for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+      if (ckpt != nullptr && l > 0 && saves_checkpoint(stage, l)) (*ckpt)[l] = x.detach();
+      x = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
+    }
+    if (!st.has_head) return x;
+    auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, x);
+    if (mb.loss_scale > 0) {
+      auto loss = causal_lm_loss_sum(logits, mb.labels) * mb.loss_scale;
+      if (loss_out != nullptr) *loss_out = loss.item<double>() * prog.micro_batches;  // the step's loss is sum / micro_batches
+      return loss;
+    }
+    auto loss = causal_lm_loss(logits, mb.labels);
+    if (loss_out != nullptr) *loss_out = loss.item<double>();
+    return loss / static_cast<double>(prog.micro_batches);
+  }
+
+  // Read-only after construction (workers share it): never operator[] here.
+  bool saves_checkpoint(int32_t stage, int32_t boundary) const {
+    auto it = checkpoints.find(stage);
+    return it != checkpoints.end() && it->second.count(boundary) > 0;
+  }
+
+  // Boundaries whose inputs a recomputed stage checkpoints: its first layer, or every layer.
+  std::vector<int32_t> ckpt_bounds(int32_t s) const {
+    const auto& st = prog.stages[s];
+    std::vector<int32_t> out{st.first_layer};
+    if (po.layer_recompute)
+      for (int32_t l = st.first_layer + 1; l < st.last_layer; ++l) out.push_back(l);
+    return out;
+  }
+
+  // What one device's worker holds during a step (its locals, shared by the instruction methods).
+  struct worker_ctx {
+    int32_t d;
+    compute_device& dev;
+    c10::Device tdev;
+    const std::vector<micro_batch>& mbs;
+    double lr, max_norm;
+    bool apply;
+    std::map<int32_t, micro_batch> batch;                               // on this device, on first use
+    lora_adapters lora;                                                 // device copies, once per step
+    rope_tables rope;
+    std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
+    std::map<std::pair<int32_t, int32_t>, graph_stash> stash;          // (stage, micro) -> graph
+    int64_t tokens_per_micro = 0;
+  };
+
+  // pipeline_worker.cpp: one worker thread per device runs its instruction list.
+  void worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm, bool apply);
+  void execute(worker_ctx& c, const instr& in);
+  void exec_prefetch(worker_ctx& c, const instr& in);
+  void exec_release(worker_ctx& c, const instr& in);
+  void exec_forward(worker_ctx& c, const instr& in);
+  void exec_recompute(worker_ctx& c, const instr& in);
+  void exec_backward(worker_ctx& c, const instr& in);
+  void exec_backward_by_layer(worker_ctx& c, const instr& in);
+  void exec_send(worker_ctx& c, const instr& in);
+  void exec_recv(worker_ctx& c, const instr& in);
+  void exec_offload(worker_ctx& c, const instr& in);
+  void exec_reload(worker_ctx& c, const instr& in);
+  void exec_optimizer_step(worker_ctx& c, const instr& in);
+  // Worker helpers.
+  void load_device_lora(worker_ctx& c);
+  const micro_batch& mb(worker_ctx& c, int32_t m);
+  layer_context context(worker_ctx& c, int32_t m) const;
+  at::Tensor take(worker_ctx& c, char k, int32_t b, int32_t m);
+  void keep(worker_ctx& c, char k, int32_t b, int32_t m, const at::Tensor& t);
+  const stage_weights& stage_w(worker_ctx& c, int32_t s);
+  void timed(worker_ctx& c, const instr& in, const std::function<void()>& fn);
+  block_ptr stash_block(worker_ctx& c, int32_t layers);
+  void send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t peer, async_tensor t);
+  void recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from);
+  void backward_done();
+  bool cancel_before_update();
+};
+
+}  // namespace lorapipe

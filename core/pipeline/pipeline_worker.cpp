@@ -1,0 +1,371 @@
+// The executor's workers: one thread per device walks its instruction list; execute() is a switch
+// over the instruction kinds (no default:) calling one method per kind, in the manner of
+// DeepSpeed's _exec_* table. See pipeline_executor.h for what the instructions mean.
+#include "core/pipeline/pipeline_impl.h"
+
+namespace lorapipe {
+using impl = pipeline_executor::impl;
+
+void impl::worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm, bool apply) {
+  compute_device& dev = *devs[d];
+  dev.enter_compute_thread();
+  worker_ctx c{d, dev, dev.torch_device(), mbs, lr, max_norm, apply, {}, {}, {}, {}, {},
+               mbs.empty() ? 0 : mbs[0].tokens.numel()};
+  load_device_lora(c);
+  for (const auto& in : prog.devices[d]) {
+    if (po.probe) po.probe("pipeline:instruction");
+    if (cancel_requested(po.cancel) && cancel_before_update()) throw aborted{};
+    execute(c, in);
+  }
+  if (!c.stash.empty()) throw lorapipe_error(fmt::format("{}: {} graphs left without backward", dev.name(), c.stash.size()));
+}
+
+// A stop request ends the step as a failure named "cancelled", but only while no stage has
+// started its optimizer update (the global norm is taken first): the LoRA state stays that of
+// the last whole step.
+bool impl::cancel_before_update() {
+  std::lock_guard lock(mu);
+  if (norm_done || failed) return failed;
+  failed = cancelled = true;
+  error = "cancelled";
+  cv.notify_all();
+  return true;
+}
+
+void impl::execute(worker_ctx& c, const instr& in) {
+  switch (in.kind) {
+    case op::load_micro_batch: return;  // micro-batches are host tensors; the stage reads tokens/labels directly
+    case op::prefetch_weights: return exec_prefetch(c, in);
+    case op::release_weights: return exec_release(c, in);
+    case op::forward: return exec_forward(c, in);
+    case op::recompute: return exec_recompute(c, in);
+    case op::backward: return po.layer_recompute && recomputed.count(in.stage) ? exec_backward_by_layer(c, in) : exec_backward(c, in);
+    case op::send_act:
+    case op::send_grad: return exec_send(c, in);
+    case op::recv_act:
+    case op::recv_grad: return exec_recv(c, in);
+    case op::offload_act: return exec_offload(c, in);
+    case op::reload_act: return exec_reload(c, in);
+    case op::optimizer_step: return exec_optimizer_step(c, in);
+  }
+}
+
+// LoRA weights on this device once per step, not per micro-batch and layer: on CPU devices they
+// are the host tensors themselves (to() aliases); on GPUs copies whose gradients flow back to the
+// host leaves the optimizers own. Likewise the RoPE tables.
+void impl::load_device_lora(worker_ctx& c) {
+  c.lora.cfg = lora.cfg;
+  c.lora.layers.resize(lora.layers.size());
+  for (const auto& in : prog.devices[c.d])
+    if (in.kind == op::forward || in.kind == op::recompute || in.kind == op::backward)
+      for (int32_t l = prog.stages[in.stage].first_layer; l < prog.stages[in.stage].last_layer; ++l)
+        for (int i = 0; i < num_lora_targets; ++i) {
+          const auto& p = lora.layers[l][i];
+          if (p.a.defined() && !c.lora.layers[l][i].a.defined())
+            c.lora.layers[l][i] = {p.a.to(c.tdev, w.embed.scalar_type()), p.b.to(c.tdev, w.embed.scalar_type())};
+        }
+  c.rope = rope_tables{w.rope.cos.to(c.tdev), w.rope.sin.to(c.tdev)};
+}
+
+const micro_batch& impl::mb(worker_ctx& c, int32_t m) {
+  auto it = c.batch.find(m);
+  if (it == c.batch.end()) {
+    const auto& h = c.mbs[m];
+    it = c.batch.emplace(m, micro_batch{h.tokens.to(c.tdev), h.labels.to(c.tdev), h.loss_scale, h.dropout_seed}).first;
+  }
+  return it->second;
+}
+
+layer_context impl::context(worker_ctx& c, int32_t m) const {
+  return layer_context{w.cfg, c.rope, &c.lora, true, c.mbs[m].dropout_seed};
+}
+
+at::Tensor impl::take(worker_ctx& c, char k, int32_t b, int32_t m) {
+  auto it = c.local.find({k, b, m});
+  if (it == c.local.end()) throw lorapipe_error(fmt::format("{}: missing {} at layer {} of micro-batch {}", c.dev.name(), k, b, m));
+  auto t = it->second.get();
+  c.local.erase(it);
+  return t;
+}
+
+void impl::keep(worker_ctx& c, char k, int32_t b, int32_t m, const at::Tensor& t) {
+  c.local[{k, b, m}] = async_tensor::ready(t, std::make_shared<arena_block>(c.dev.arena(), nbytes(t)));
+}
+
+const stage_weights& impl::stage_w(worker_ctx& c, int32_t s) {
+  auto& weights = on_device[c.d];
+  auto it = weights.find(s);
+  if (it == weights.end()) throw lorapipe_error(fmt::format("{}: stage {} computes without PREFETCH_WEIGHTS", c.dev.name(), s));
+  it->second.ready.get();
+  return *it->second.weights;
+}
+
+void impl::timed(worker_ctx& c, const instr& in, const std::function<void()>& fn) {
+  const auto a = clock_type::now();
+  fn();
+  const auto b = clock_type::now();
+  std::lock_guard lock(mu);
+  trace.push_back({c.d, in, std::chrono::duration<double>(a - t0).count(), std::chrono::duration<double>(b - t0).count()});
+}
+
+// Arena bytes an autograd graph over `layers` layers holds while it waits for its backward.
+block_ptr impl::stash_block(worker_ctx& c, int32_t layers) {
+  const double per_layer = stash_bytes_per_layer(w.cfg, c.tokens_per_micro, w.embed.element_size());
+  return std::make_shared<arena_block>(c.dev.arena(), static_cast<size_t>(per_layer * std::max(1, layers)));
+}
+
+void impl::backward_done() {
+  std::lock_guard lock(mu);
+  --backward_left;
+  cv.notify_all();
+}
+
+// Placement now, in program order (the memory plan sized the arena for exactly this sequence);
+// the copy runs on the weight-upload engine.
+void impl::exec_prefetch(worker_ctx& c, const instr& in) {
+  auto& weights = on_device[c.d];
+  const int32_t s = in.stage;
+  if (weights.count(s)) return;  // still resident from an earlier step
+  const auto& st = prog.stages[s];
+  auto host_list = stage_host_weights(st);
+  auto place = c.dev.place_weights(host_list, weight_plan[c.d].slot_bytes);
+  if (!place) throw out_of_memory_error(place.message());
+  auto sw = std::make_shared<stage_weights>();
+  compute_device* devp = &c.dev;
+  const size_t bytes = place->bytes;
+  weights[s] = {c.dev.weight_upload().submit(bytes, [sw, st, devp, p = *place, host_list, tied = w.cfg.tie_word_embeddings] {
+                  auto t = devp->upload_weights(p, host_list);
+                  size_t i = 0;
+                  for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+                    layer_weights lw;
+                    lw.input_norm = t[i++];
+                    lw.post_norm = t[i++];
+                    for (int k = 0; k < num_lora_targets; ++k) lw.proj[k] = t[i++];
+                    sw->layers.push_back(std::move(lw));
+                  }
+                  if (st.has_embed) sw->embed = t[i++];
+                  if (st.has_head) {
+                    sw->final_norm = t[i++];
+                    sw->lm_head = st.has_embed && tied ? sw->embed : t[i++];
+                  }
+                }),
+                sw, place->block};
+}
+
+void impl::exec_release(worker_ctx& c, const instr& in) {
+  auto& weights = on_device[c.d];
+  auto it = weights.find(in.stage);
+  if (it == weights.end()) return;
+  it->second.ready.get();
+  std::weak_ptr<void> block = it->second.block;
+  weights.erase(it);
+  // The memory plan reuses this range for the next PREFETCH: nothing may still view it.
+  if (!block.expired())
+    throw lorapipe_error(fmt::format("{}: stage {}'s weights are still in use at RELEASE_WEIGHTS", c.dev.name(), in.stage));
+}
+
+void impl::exec_forward(worker_ctx& c, const instr& in) {
+  timed(c, in, [&] {
+    const int32_t s = in.stage, m = in.micro;
+    const auto& st = prog.stages[s];
+    const auto& sw = stage_w(c, s);
+    // The graph is kept only when this stage's backward uses it directly (no recompute).
+    const bool keep_graph = backwarded.count(s) && !recomputed.count(s);
+    at::Tensor x = st.has_embed ? mb(c, m).tokens : take(c, 'a', st.first_layer, m);
+    std::map<int32_t, at::Tensor> ckpt;
+    double loss = 0;
+    if (keep_graph) {
+      if (!st.has_embed) x = x.detach().requires_grad_(true);
+      auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), &ckpt, &loss);
+      auto mem = stash_block(c, st.last_layer - st.first_layer);
+      if (!st.has_head) keep(c, 'a', st.last_layer, m, out.detach());
+      c.stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, mem};
+    } else {
+      torch::NoGradGuard ng;
+      auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), &ckpt, &loss);
+      if (!st.has_head) keep(c, 'a', st.last_layer, m, out);
+    }
+    for (auto& [b, t] : ckpt) keep(c, 'c', b, m, t);
+    if (st.has_head) {
+      std::lock_guard lock(mu);
+      loss_sum += loss;
+    }
+  });
+}
+
+void impl::exec_recompute(worker_ctx& c, const instr& in) {
+  if (po.layer_recompute) return;  // BACKWARD recomputes one layer at a time
+  timed(c, in, [&] {
+    const int32_t s = in.stage, m = in.micro;
+    const auto& st = prog.stages[s];
+    const auto& sw = stage_w(c, s);
+    at::Tensor x = take(c, 'c', st.first_layer, m);
+    if (!st.has_embed) x = x.detach().requires_grad_(true);
+    double loss = 0;
+    auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), nullptr, st.has_head ? &loss : nullptr);
+    c.stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, stash_block(c, st.last_layer - st.first_layer)};
+  });
+}
+
+// Per-layer recompute: every layer input was checkpointed; recompute and back-propagate one layer
+// after another, from the last.
+void impl::exec_backward_by_layer(worker_ctx& c, const instr& in) {
+  timed(c, in, [&] {
+    const int32_t s = in.stage, m = in.micro;
+    const auto& st = prog.stages[s];
+    const auto& sw = stage_w(c, s);
+    const auto ctx = context(c, m);
+    at::Tensor grad = st.has_head ? at::Tensor() : take(c, 'g', st.last_layer, m);
+    for (int32_t l = st.last_layer - 1; l >= st.first_layer; --l) {
+      at::Tensor x = take(c, 'c', l, m), leaf;
+      if (l == 0) {
+        torch::NoGradGuard ng;
+        x = torch::embedding(sw.embed, x);  // checkpoint 0 holds token ids; the embedding is frozen
+      } else {
+        leaf = x.detach().requires_grad_(true);
+        x = leaf;
+      }
+      auto mem = stash_block(c, 1);
+      auto out = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
+      if (st.has_head && l == st.last_layer - 1) {
+        auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, out);
+        if (mb(c, m).loss_scale > 0) (causal_lm_loss_sum(logits, mb(c, m).labels) * mb(c, m).loss_scale).backward();
+        else (causal_lm_loss(logits, mb(c, m).labels) / static_cast<double>(prog.micro_batches)).backward();
+      } else {
+        out.backward(grad);
+      }
+      if (leaf.defined()) grad = leaf.grad();
+    }
+    if (!st.has_embed) keep(c, 'g', st.first_layer, m, grad);
+    backward_done();
+  });
+}
+
+void impl::exec_backward(worker_ctx& c, const instr& in) {
+  timed(c, in, [&] {
+    const int32_t s = in.stage, m = in.micro;
+    const auto& st = prog.stages[s];
+    stage_w(c, s);
+    auto it = c.stash.find({s, m});
+    if (it == c.stash.end()) throw lorapipe_error(fmt::format("{}: backward of stage {} micro-batch {} has no graph", c.dev.name(), s, m));
+    auto g = std::move(it->second);
+    c.stash.erase(it);
+    if (st.has_head) g.output.backward();
+    else g.output.backward(take(c, 'g', st.last_layer, m));
+    if (!st.has_embed) keep(c, 'g', st.first_layer, m, g.input.grad());
+    backward_done();
+  });
+}
+
+void impl::exec_send(worker_ctx& c, const instr& in) {
+  const auto msg = message_of(prog, in);
+  const char slot = msg.kind == 'A' ? 'a' : 'g';
+  auto it = c.local.find({slot, msg.boundary, in.micro});
+  if (it == c.local.end()) throw lorapipe_error(fmt::format("{}: nothing to send for {}", c.dev.name(), instr_to_text(in)));
+  send(c, msg.kind, msg.boundary, in.micro, in.peer, it->second);
+  c.local.erase(it);
+}
+
+void impl::exec_recv(worker_ctx& c, const instr& in) {
+  const auto msg = message_of(prog, in);
+  recv(c, msg.kind, msg.boundary, in.micro, in.peer);
+}
+
+// Ships a tensor to another device, then the mailbox. Host-staged: download here into the staging
+// pool, then upload there. Peer: one copy driven by this device's download engine. NCCL:
+// stream-ordered on this thread; the RECV posts the other end.
+void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t peer, async_tensor t) {
+  const size_t bytes = nbytes(t.get());
+  compute_device* to = devs[peer];
+  compute_device* from = &c.dev;
+  auto deliver = [this, to, bytes, kind, boundary, m, peer](auto&& copy) {
+    try {
+      auto mem = std::make_shared<arena_block>(to->arena(), bytes);
+      auto on_device = async_tensor::ready(copy(), mem);
+      std::lock_guard lock(mu);
+      mailbox[{kind, boundary, m, peer}] = on_device;
+      cv.notify_all();
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  };
+  const transport_kind link = link_kind(c.d, peer);
+  if (link == transport_kind::nccl) {
+    c.dev.nccl_send(peer, t.get());
+    return;
+  }
+  if (link == transport_kind::peer) {
+    c.dev.download().submit(bytes, [t, from, to, deliver] { deliver([&] { return to->copy_from_peer(*from, t.get()); }); });
+    return;
+  }
+  auto host_copy = std::make_shared<at::Tensor>();
+  c.dev.download().submit(bytes, [t, host_copy, bytes, from, to, deliver] {
+    *host_copy = from->copy_out(t.get());
+    to->upload().submit(bytes, [host_copy, to, deliver] { deliver([&] { return to->copy_in(*host_copy); }); });
+  });
+}
+
+void impl::recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from) {
+  const char slot = kind == 'A' ? 'a' : 'g';
+  if (link_kind(from, c.d) == transport_kind::nccl) {  // activations and gradients: [b,T,D] in the compute dtype
+    const auto& tok = c.mbs[m].tokens;
+    keep(c, slot, boundary, m, c.dev.nccl_recv(from, {tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.scalar_type()));
+    return;
+  }
+  std::unique_lock lock(mu);
+  const auto key = std::make_tuple(kind, boundary, m, c.d);
+  wait(lock, [&] { return mailbox.count(key) > 0; });
+  c.local[{slot, boundary, m}] = mailbox[key];  // its arena block moves along
+  mailbox.erase(key);
+}
+
+void impl::exec_offload(worker_ctx& c, const instr& in) {
+  for (int32_t b : ckpt_bounds(in.stage)) {
+    auto it = c.local.find({'c', b, in.micro});
+    if (it == c.local.end()) throw lorapipe_error(fmt::format("{}: no checkpoint at layer {} for {}", c.dev.name(), b, instr_to_text(in)));
+    async_tensor src = it->second;
+    c.local.erase(it);
+    async_tensor dst;
+    compute_device* devp = &c.dev;
+    dst.done = c.dev.download().submit(nbytes(src.get()), [src, devp, v = dst.value] { *v = devp->copy_out(src.get()); });
+    std::lock_guard lock(mu);
+    host[{b, in.micro}] = dst;
+    cv.notify_all();
+  }
+}
+
+void impl::exec_reload(worker_ctx& c, const instr& in) {
+  for (int32_t b : ckpt_bounds(in.stage)) {
+    async_tensor src;
+    {
+      std::unique_lock lock(mu);
+      const auto key = std::make_pair(b, in.micro);
+      wait(lock, [&] { return host.count(key) > 0; });
+      src = host[key];
+      host.erase(key);
+    }
+    src.get();  // (host copy finished)
+    async_tensor dst;
+    dst.mem = std::make_shared<arena_block>(c.dev.arena(), nbytes(*src.value));
+    compute_device* devp = &c.dev;
+    dst.done = c.dev.upload().submit(nbytes(*src.value), [src, devp, v = dst.value] { *v = devp->copy_in(src.get()); });
+    c.local[{'c', b, in.micro}] = dst;
+  }
+}
+
+void impl::exec_optimizer_step(worker_ctx& c, const instr& in) {
+  std::unique_lock lock(mu);
+  wait(lock, [&] { return backward_left == 0; });
+  if (po.async_optimizer) return;  // stepped on master weights after the iteration (one step stale)
+  if (!norm_done) {  // global clip over every stage's LoRA gradients, once
+    grad_norm = clip_grad_norm(lora.parameters(), c.apply ? c.max_norm : 0.0);
+    norm_done = true;
+  }
+  lock.unlock();
+  if (c.apply) {
+    optim.at(in.stage)->step(c.lr);
+    optim.at(in.stage)->zero_grad();
+  }
+}
+
+}  // namespace lorapipe

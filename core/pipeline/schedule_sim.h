@@ -1,0 +1,66 @@
+// Discrete-event simulator for schedule programs. Checks that every SEND has its RECV (pairing) and
+// that the program cannot deadlock, then reports makespan, bubble ratio and peak memory per device
+// from per-stage compute times and per-device copy bandwidths. A failure names the stuck step and
+// comes with the grid marking it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/pipeline/schedule.h"
+
+namespace lorapipe {
+
+struct sim_costs {
+  std::vector<double> forward_s;    // per stage, one micro-batch
+  std::vector<double> backward_s;   // per stage, one micro-batch (without recompute)
+  std::vector<double> recompute_s;  // per stage, one micro-batch (0 = same as forward)
+  std::vector<double> weight_bytes;  // per stage
+  double act_bytes = 0;             // one boundary activation (or gradient) of one micro-batch
+  double stash_bytes_per_layer = 0;  // autograd graph kept per layer per micro-batch
+  double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
+  double d2h_bytes_per_s = 0;
+  double copy_latency_s = 0;
+  // Steady state: a stage prefetched again after a device's last compute (cross-iteration prefetch)
+  // is already resident when the program starts, so its first PREFETCH costs nothing.
+  bool steady_state = false;
+};
+
+// Uniform costs: every stage's forward takes t_f, backward t_b, recompute t_f.
+sim_costs uniform_costs(const program& p, double t_f, double t_b);
+
+// When one compute instruction (F, R, B) runs in the simulation.
+struct sim_interval {
+  int32_t device = 0, index = 0;  // position in the device's instruction list
+  instr in;
+  double start_s = 0, end_s = 0;
+};
+
+struct sim_result {
+  bool ok = false;
+  std::string error;             // first problem found, with device and step
+  int32_t fail_device = -1, fail_index = -1;
+  std::string grid;              // program grid, failing step marked
+  double makespan_s = 0;
+  double bubble_ratio = 0;       // 1 - compute busy time / (devices x makespan)
+  std::vector<double> busy_s;    // compute time per device
+  std::vector<double> peak_bytes;  // per device: weights + activations + graphs at their peak
+  std::vector<sim_interval> timeline;  // compute instructions in simulated time
+};
+
+sim_result simulate(const program& p, const sim_costs& c);
+
+// The weight arena a device needs (memory plan, made before anything is allocated): every
+// PREFETCH_WEIGHTS places its stage's block (stage_bytes[stage]) best fit at `alignment`,
+// RELEASE_WEIGHTS frees it, over two iterations so stages left resident or prefetched for the next
+// iteration carry over, exactly as the executor does. bytes = the high-water offset. Blocks of
+// different sizes can fragment the arena; when equal slots of the device's largest stage need less
+// (the classic double buffer), every block is placed as one such slot instead.
+struct weight_arena_plan {
+  size_t bytes = 0;
+  int32_t max_stages = 0;  // stages held at once (2 = double buffering)
+  size_t slot_bytes = 0;   // > 0: every block takes this many bytes (fixed slots)
+};
+std::vector<weight_arena_plan> plan_weight_arenas(const program& p, const std::vector<size_t>& stage_bytes, size_t alignment);
+
+}  // namespace lorapipe

@@ -1,0 +1,285 @@
+// Project file parsing, validation and serialisation: see project.h.
+#include "core/project/project.h"
+
+#include "core/base/device_spec.h"
+#include "core/base/hash.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/json_parse.h"
+
+#include "core/project/llama_config.h"
+#include "core/project/lora_target.h"
+#include "core/base/safetensors.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path project_config::resolve(const std::string& p) const {
+  if (p.empty()) return {};
+  fs::path path(p);
+  return path.is_absolute() || base_dir.empty() ? path : (base_dir / path).lexically_normal();
+}
+
+namespace {
+
+const json* find_path(const json& root, const std::string& dotted) {
+  const json* cur = &root;
+  std::stringstream ss(dotted);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(part);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+  }
+  return cur;
+}
+
+template <class T>
+std::string read_value(const json& v, T& out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return "must be true or false";
+    out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (!v.is_number_integer()) return "must be an integer";
+    out = v.get<int64_t>();
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) return "must be a number";
+    out = v.get<double>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return "must be a string";
+    out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if (!v.is_array()) return "must be a list of strings";
+    std::vector<std::string> tmp;
+    for (const auto& e : v) {
+      if (!e.is_string()) return "must be a list of strings";
+      tmp.push_back(e.get<std::string>());
+    }
+    out = tmp;
+  }
+  return {};
+}
+
+void collect_leaves(const json& j, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::string p = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object()) collect_leaves(*it, p, out);
+    else out.push_back(p);
+  }
+}
+
+// Schema migrations, one step per version, applied to the JSON before it is read.
+void migrate_1_to_2(json& j) {
+  if (j.contains("parallel") && j["parallel"].is_object() && j["parallel"].contains("async_optimizer") &&
+      (!j.contains("optimizer") || j["optimizer"].is_object())) {
+    j["optimizer"]["asynchronous"] = j["parallel"]["async_optimizer"];
+    j["parallel"].erase("async_optimizer");
+  }
+}
+
+}  // namespace
+
+result<project_config> parse_project(const std::string& text, const fs::path& project_file, int64_t* migrated_from) {
+  const std::string label = project_file.string();
+  json j = parse_json_or_discarded(text);
+  if (j.is_discarded()) {
+    // Re-parse with exceptions to get the position of the syntax error.
+    try {
+      auto reparsed = json::parse(text);
+      (void)reparsed;
+    } catch (const json::exception& e) {
+      return make_error("{}: malformed JSON: {}", label, e.what());
+    }
+    return make_error("{}: malformed JSON", label);
+  }
+  if (!j.is_object()) return make_error("{}: the project must be a JSON object", label);
+  project_config c;
+  c.base_dir = project_file.parent_path();
+  std::vector<std::string> problems;
+  std::set<std::string> known;
+  if (auto* v = find_path(j, "schema_version"); v != nullptr && v->is_number_integer()) {
+    const int64_t version = v->get<int64_t>();
+    if (version > project_schema_version)
+      return make_error("{}: schema_version {} is newer than this build understands ({})", label, version, project_schema_version);
+    if (version >= 1 && version < project_schema_version) {
+      if (version < 2) migrate_1_to_2(j);
+      j["schema_version"] = project_schema_version;
+      if (migrated_from != nullptr) *migrated_from = version;
+    }
+  }
+  visit_fields(c, [&](const char* path, auto& member, const char*) {
+    known.insert(path);
+    const json* v = find_path(j, path);
+    if (v == nullptr || v->is_null()) return;
+    auto err = read_value(*v, member);
+    if (!err.empty()) problems.push_back(fmt::format("{}: {}", path, err));
+  });
+  std::vector<std::string> leaves;
+  collect_leaves(j, "", leaves);
+  for (const auto& l : leaves)
+    if (!known.count(l))
+      problems.push_back(l == "parallel.async_optimizer" ? fmt::format("{}: unknown field (schema_version 2 calls it optimizer.asynchronous)", l)
+                                                         : fmt::format("{}: unknown field", l));
+  if (!problems.empty()) return make_error("{}: {}", label, fmt::join(problems, fmt::format("\n{}: ", label)));
+  return c;
+}
+
+result<project_config> load_project(const fs::path& project_file, int64_t* migrated_from) {
+  LP_TRY_ASSIGN(text, read_text_file(project_file));
+  return parse_project(text, project_file, migrated_from);
+}
+
+status validate_project(const project_config& c) {
+  std::vector<std::string> p;
+  auto need = [&](bool ok, const char* field, const std::string& msg) {
+    if (!ok) p.push_back(fmt::format("{}: {}", field, msg));
+  };
+  std::error_code ec;
+  need(c.schema_version >= 1 && c.schema_version <= project_schema_version, "schema_version",
+       fmt::format("must be between 1 and {}", project_schema_version));
+  need(!c.model.path.empty(), "model.path", "is required");
+  if (!c.model.path.empty()) need(fs::exists(c.resolve(c.model.path), ec), "model.path", fmt::format("{} does not exist", c.resolve(c.model.path).string()));
+  need(c.model.dtype == "float32" || c.model.dtype == "bfloat16" || c.model.dtype == "float16", "model.dtype",
+       "must be float32, bfloat16 or float16");
+  if (!c.tokenizer.path.empty())
+    need(fs::exists(c.resolve(c.tokenizer.path), ec), "tokenizer.path", fmt::format("{} does not exist", c.resolve(c.tokenizer.path).string()));
+  need(!c.data.train.empty(), "data.train", "is required");
+  if (!c.data.train.empty()) need(fs::is_regular_file(c.resolve(c.data.train), ec), "data.train", fmt::format("{} is not a file", c.resolve(c.data.train).string()));
+  auto one_of = [](const std::string& v, std::initializer_list<const char*> options) {
+    for (const char* o : options)
+      if (v == o) return true;
+    return false;
+  };
+  need(one_of(c.data.format, {"auto", "text", "alpaca", "chat", "completion"}), "data.format", "must be auto, text, alpaca, chat or completion");
+  need(one_of(c.data.train_on, {"completion", "all"}), "data.train_on", "must be completion or all");
+  need(one_of(c.data.truncation, {"right", "left", "drop"}), "data.truncation", "must be right, left or drop");
+  need(one_of(c.data.on_error, {"stop", "skip"}), "data.on_error", "must be stop or skip");
+  if (!one_of(c.data.chat_template, {"auto", "builtin"}))
+    need(fs::is_regular_file(c.resolve(c.data.chat_template), ec), "data.chat_template",
+         fmt::format("must be auto, builtin or a template file ({} does not exist)", c.resolve(c.data.chat_template).string()));
+  need(c.data.seq_len >= 2 && c.data.seq_len <= 1 << 20, "data.seq_len", "must be between 2 and 1048576");
+  need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in [0, 1)");
+  need(c.lora.r >= 1, "lora.r", "must be at least 1");
+  if (!c.model.path.empty() && fs::is_regular_file(c.resolve(c.model.path) / "config.json", ec)) {
+    auto mc = load_llama_config(c.resolve(c.model.path) / "config.json");
+    if (!mc) p.push_back(fmt::format("model.path: {}", mc.message()));
+    else {
+      need(c.lora.r <= mc->hidden_size, "lora.r", fmt::format("must be <= hidden_size ({})", mc->hidden_size));
+      need(c.data.seq_len <= mc->max_position_embeddings, "data.seq_len",
+           fmt::format("must be <= the model's context length ({})", mc->max_position_embeddings));
+    }
+  }
+  need(c.lora.alpha > 0, "lora.alpha", "must be positive");
+  need(c.lora.dropout >= 0 && c.lora.dropout < 1, "lora.dropout", "must be in [0, 1)");
+  need(!c.lora.targets.empty(), "lora.targets", "must name at least one projection");
+  std::set<std::string> seen;
+  for (const auto& t : c.lora.targets) {
+    need(lora_target_from_name(t).has_value(), "lora.targets", fmt::format("unknown projection '{}'", t));
+    need(seen.insert(t).second, "lora.targets", fmt::format("'{}' listed twice", t));
+  }
+  if (!c.lora.init_adapter.empty())
+    need(fs::is_regular_file(c.resolve(c.lora.init_adapter) / "adapter_config.json", ec), "lora.init_adapter",
+         fmt::format("{} has no adapter_config.json", c.resolve(c.lora.init_adapter).string()));
+  need(c.optimizer.lr > 0, "optimizer.lr", "must be positive");
+  need(c.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be non-negative");
+  need(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1, "optimizer.beta1", "must be in [0, 1)");
+  need(c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1, "optimizer.beta2", "must be in [0, 1)");
+  need(c.optimizer.eps > 0, "optimizer.eps", "must be positive");
+  need(c.optimizer.warmup_steps >= 0, "optimizer.warmup_steps", "must be non-negative");
+  need(c.optimizer.min_lr_ratio >= 0 && c.optimizer.min_lr_ratio <= 1, "optimizer.min_lr_ratio", "must be in [0, 1]");
+  need(c.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be non-negative");
+  const int64_t n_dev = device_count(c.parallel.devices);
+  need(n_dev >= 1 && n_dev <= 64, "parallel.devices", "must be cpu, cpu:N (N in 1..64) or cuda:I,J,...");
+  const bool pipelined = c.parallel.schedule != "single";
+  need(c.parallel.schedule == "single" || c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" ||
+           c.parallel.schedule == "interleaved" || c.parallel.schedule == "round-robin",
+       "parallel.schedule", "must be single, gpipe, 1f1b, interleaved or round-robin");
+  need(pipelined || n_dev <= 1, "parallel.schedule", "single runs on one device; pick a pipeline schedule for several");
+  need(c.parallel.micro_batches >= 1, "parallel.micro_batches", "must be at least 1");
+  need(!pipelined || (c.parallel.micro_batches >= 1 && c.run.batch_size % c.parallel.micro_batches == 0), "parallel.micro_batches",
+       fmt::format("must divide run.batch_size ({})", c.run.batch_size));
+  need(!pipelined || c.run.grad_accum == 1, "run.grad_accum", "must be 1 with a pipeline schedule (use parallel.micro_batches)");
+  need(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be at least 1");
+  need(c.parallel.threads_per_device >= 1 && c.parallel.threads_per_device <= 256, "parallel.threads_per_device", "must be in 1..256");
+  need(c.parallel.transport == "auto" || c.parallel.transport == "host" || c.parallel.transport == "peer" ||
+           c.parallel.transport == "nccl",
+       "parallel.transport", "must be auto, host, peer or nccl");
+  need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
+       "must be stage or layer");
+  need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");
+  need(c.offload.device_memory_mb >= 0, "offload.device_memory_mb", "must be non-negative");
+  need(c.offload.copy_gbps >= 0, "offload.copy_gbps", "must be non-negative");
+  need(c.run.steps >= 0, "run.steps", "must be non-negative");
+  need(c.run.epochs >= 0 && c.run.epochs <= 1e6, "run.epochs", "must be between 0 and 1e6");
+  need(c.run.batch_size >= 1, "run.batch_size", "must be at least 1");
+  need(c.run.grad_accum >= 1, "run.grad_accum", "must be at least 1");
+  need(c.run.eval_interval >= 0, "run.eval_interval", "must be non-negative");
+  need(c.run.eval_batches >= 0, "run.eval_batches", "must be non-negative");
+  need(c.run.threads >= 0 && c.run.threads <= 1024, "run.threads", "must be between 0 and 1024");
+  need(!c.run.output_dir.empty(), "run.output_dir", "is required");
+  need(c.run.sample_tokens >= 0, "run.sample_tokens", "must be non-negative");
+  need(c.run.checkpoint_interval >= 0, "run.checkpoint_interval", "must be non-negative");
+  need(c.run.keep_checkpoints >= 0, "run.keep_checkpoints", "must be non-negative");
+  need(c.run.trace_interval >= 0, "run.trace_interval", "must be non-negative");
+  if (!p.empty()) return error{fmt::format("{}", fmt::join(p, "\n"))};
+  return ok_status();
+}
+
+int64_t device_count(const std::string& spec) {
+  auto d = parse_device_spec(spec);
+  return d ? d->count() : 0;
+}
+
+std::string project_to_json(const project_config& c) {
+  json j = json::object();
+  visit_fields(const_cast<project_config&>(c), [&](const char* path, auto& member, const char*) {
+    json* node = &j;
+    std::stringstream ss(path);
+    for (std::string part; std::getline(ss, part, '.');) node = &(*node)[part];
+    *node = member;
+  });
+  return j.dump(2) + "\n";
+}
+
+project_config with_absolute_paths(const project_config& c) {
+  project_config a = c;
+  auto abs = [&](std::string& p) {
+    if (!p.empty()) p = fs::absolute(c.resolve(p)).lexically_normal().string();
+  };
+  abs(a.model.path);
+  abs(a.tokenizer.path);
+  abs(a.data.train);
+  if (a.data.chat_template != "auto" && a.data.chat_template != "builtin") abs(a.data.chat_template);
+  abs(a.lora.init_adapter);
+  abs(a.run.output_dir);
+  abs(a.run.database);
+  return a;
+}
+
+std::string project_field_table() {
+  project_config c;
+  std::string out = "| field | default | meaning |\n|---|---|---|\n";
+  visit_fields(c, [&](const char* path, auto& member, const char* doc) {
+    out += fmt::format("| `{}` | `{}` | {} |\n", path, json(member).dump(), doc);
+  });
+  return out;
+}
+
+std::string config_hash(const project_config& cfg) {
+  project_config c = with_absolute_paths(cfg);
+  c.run.output_dir.clear();
+  c.run.database.clear();
+  const std::string text = project_to_json(c);
+  return sha256_hex(text.data(), text.size());
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,114 @@
+// Building a project's pipeline and its trace: see pipeline_setup.h.
+#include "core/train/pipeline_setup.h"
+
+#include <map>
+
+#include "core/pipeline/cost_model.h"
+#include "core/pipeline/transport.h"
+
+namespace lorapipe {
+
+namespace {
+
+plan_event describe_plan(const program& prog, const std::vector<compute_device*>& devs, const std::vector<weight_arena_plan>& arenas,
+                         const std::vector<size_t>& stage_bytes, const std::vector<link_transport>& links, const sim_result& sim) {
+  plan_event pe;
+  pe.schedule = prog.schedule;
+  pe.micro_batches = prog.micro_batches;
+  pe.program = program_to_text(prog);
+  std::map<int32_t, int32_t> device_of;  // stage -> device computing it
+  for (size_t d = 0; d < prog.devices.size(); ++d)
+    for (const auto& in : prog.devices[d])
+      if (in.kind == op::forward && !device_of.count(in.stage)) device_of[in.stage] = static_cast<int32_t>(d);
+  for (size_t s = 0; s < prog.stages.size(); ++s) {
+    const auto& st = prog.stages[s];
+    pe.stages.push_back({device_of[static_cast<int32_t>(s)], st.first_layer, st.last_layer, st.has_embed, st.has_head,
+                         static_cast<int64_t>(stage_bytes[s])});
+  }
+  for (size_t d = 0; d < devs.size(); ++d)
+    pe.arenas.push_back({devs[d]->name(), static_cast<int64_t>(arenas[d].bytes), arenas[d].max_stages,
+                         static_cast<int64_t>(arenas[d].slot_bytes)});
+  for (const auto& l : links) pe.links.push_back({l.from, l.to, transport_name(l.kind), l.reason});
+  pe.simulated_step_s = sim.makespan_s;
+  pe.bubble_ratio = sim.bubble_ratio;
+  return pe;
+}
+
+}  // namespace
+
+result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
+                                    const pipeline_options& base) {
+  obs.on_event(phase_event{phase::building_pipeline, 0, 0, 0, cfg.parallel.devices});
+  pipeline_rig rig;
+  cpu_device_options dopts;
+  if (cfg.offload.device_memory_mb > 0) dopts.capacity_bytes = static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0);
+  dopts.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
+  dopts.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
+  LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts));
+  rig.devices = std::move(devs);
+  const schedule_options so = schedule_options_of(cfg);
+  auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(w.cfg.num_layers), so);
+  if (!prog) return make_error("parallel.schedule: {}", prog.message());
+  const auto check = simulate(*prog, uniform_costs(*prog, 1.0, 2.0));
+  if (!check.ok) return make_error("parallel.schedule: generated program is invalid: {}\n{}", check.error, check.grid);
+  std::vector<compute_device*> raw;
+  for (auto& d : rig.devices) raw.push_back(d.get());
+  const auto facts = facts_of(raw);
+  LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available()));
+  if (cfg.parallel.transport == "nccl") LP_TRY(enable_nccl(raw));
+  obs.on_event(log_event{log_event::level::info,
+                         fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {})", prog->schedule,
+                                     cfg.parallel.devices, prog->stages.size(), prog->micro_batches,
+                                     so.stream_weights ? "streamed" : "resident", so.offload_activations ? "offloaded" : "on device")});
+  obs.on_event(log_event{log_event::level::info, "transports: " + describe_transports(links, facts)});
+  pipeline_options po = base;
+  po.layer_recompute = cfg.offload.recompute_granularity == "layer";
+  po.async_optimizer = cfg.optimizer.asynchronous;
+  po.transports = links;
+  if (po.async_optimizer)
+    obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
+  const auto stage_bytes = stage_weight_bytes(*prog, w.cfg, static_cast<size_t>(w.embed.element_size()));
+  const program kept = *prog;
+  rig.executor = std::make_unique<pipeline_executor>(
+      w, lora, std::move(*prog), raw,
+      adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay}, po);
+  rig.bubble_ratio = check.bubble_ratio;
+  rig.plan = describe_plan(kept, raw, rig.executor->weight_plan(), stage_bytes, links, check);
+  std::string arenas;
+  for (const auto& a : rig.plan.arenas)
+    arenas += fmt::format("{}{} {:.2f} MiB ({} stage(s) at once{})", arenas.empty() ? "" : "; ", a.device, a.bytes / 1048576.0,
+                          a.stages_at_once, a.slot_bytes ? fmt::format(", slots of {:.2f} MiB", a.slot_bytes / 1048576.0) : "");
+  obs.on_event(log_event{log_event::level::info, "memory plan: weight arenas " + arenas});
+  obs.on_event(rig.plan);
+  return rig;
+}
+
+trace_event make_trace_event(const program& p, const pipeline_step_result& r, const plan_event& plan, int64_t step) {
+  trace_event te;
+  te.step = step;
+  te.measured_step_s = r.seconds;
+  const size_t S = p.stages.size();
+  std::vector<double> sum_f(S), sum_r(S), sum_b(S);
+  std::vector<int> n_f(S), n_r(S), n_b(S);
+  for (const auto& t : r.trace) {
+    const double dt = t.end_s - t.start_s;
+    const auto s = static_cast<size_t>(t.in.stage);
+    if (t.in.kind == op::forward) sum_f[s] += dt, ++n_f[s];
+    if (t.in.kind == op::recompute) sum_r[s] += dt, ++n_r[s];
+    if (t.in.kind == op::backward) sum_b[s] += dt, ++n_b[s];
+    te.measured.push_back({t.device, instr_to_text(t.in), t.start_s, t.end_s, plan.stages[s].weight_bytes});
+  }
+  sim_costs c = uniform_costs(p, 0, 0);
+  for (size_t s = 0; s < S; ++s) {
+    c.forward_s[s] = n_f[s] ? sum_f[s] / n_f[s] : 0;
+    c.recompute_s[s] = n_r[s] ? sum_r[s] / n_r[s] : 0;
+    c.backward_s[s] = n_b[s] ? sum_b[s] / n_b[s] : 0;
+  }
+  const auto sim = simulate(p, c);
+  te.predicted_step_s = sim.makespan_s;
+  for (const auto& iv : sim.timeline)
+    te.predicted.push_back({iv.device, instr_to_text(iv.in), iv.start_s, iv.end_s, plan.stages[iv.in.stage].weight_bytes});
+  return te;
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,32 @@
+// Building a project's pipeline: devices from parallel.devices, the program from the schedule
+// generator (checked by the simulator), transports per link, the executor and its memory plan,
+// reported as one plan_event. And the per-step trace next to the simulator's prediction.
+// Internal to core/train.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/base/events.h"
+#include "core/pipeline/pipeline_executor.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/project/project.h"
+#include "offload/device.h"
+
+namespace lorapipe {
+
+struct pipeline_rig {
+  std::vector<std::unique_ptr<compute_device>> devices;  // outlive the executor (declared first)
+  std::unique_ptr<pipeline_executor> executor;
+  plan_event plan;
+  double bubble_ratio = -1;  // simulated with unit costs
+};
+
+result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
+                                    const pipeline_options& base);
+
+// The measured timeline of one step next to the simulator's prediction for the same program, with
+// per-stage compute costs calibrated from this very measurement (mean F, R, B time per stage).
+trace_event make_trace_event(const program& p, const pipeline_step_result& r, const plan_event& plan, int64_t step);
+
+}  // namespace lorapipe

@@ -1,0 +1,423 @@
+// The training run: see trainer.h. One `trainer` object holds a run's state; run_training walks
+// its phases (load, init LoRA, build the pipeline, restore, loop, finish) and is the boundary
+// where exceptions become error values and a stop request becomes a stopped run.
+#include "core/train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "core/base/file_io.h"
+#include "core/data/dataset.h"
+#include "core/model/lora.h"
+#include "core/model/optimizer.h"
+#include "core/train/evaluate.h"
+#include "core/train/pipeline_setup.h"
+#include "core/train/train_state.h"
+
+namespace lorapipe {
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+struct step_numbers {
+  double loss = 0, grad_norm = 0;
+  std::vector<int64_t> peaks;
+};
+
+class trainer {
+ public:
+  trainer(const project_config& cfg, observer& obs, const train_options& opts)
+      : cfg_(cfg), obs_(obs), opts_(opts), cancel_(opts.cancel), out_dir_(cfg.resolve(cfg.run.output_dir)) {}
+
+  result<train_summary> run() {
+    LP_TRY(validate_project(cfg_));
+    thread_count_scope threads(cfg_.run.threads);
+    std::error_code ec;
+    fs::create_directories(out_dir_, ec);
+    if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message());
+    LP_TRY(write_file_atomic(out_dir_ / "project.json", project_to_json(cfg_)));
+    auto loaded = load_project_inputs(cfg_, obs_, cancel_);
+    if (!loaded && is_cancelled(loaded.err())) return stopped_before_training();
+    if (!loaded) return loaded.err();
+    in_ = std::make_unique<project_inputs>(std::move(*loaded));
+    LP_TRY(setup_lora());
+    plan_steps();
+    announce(threads.threads());
+    if (cfg_.parallel.schedule != "single") LP_TRY(build());
+    if (!opts_.checkpoint_root.empty()) sweep_checkpoint_leftovers(opts_.checkpoint_root);
+    if (!opts_.resume_from.empty()) LP_TRY(restore());
+    sum_.start_step = step_;
+    try {
+      before_training();
+      LP_TRY(loop());
+      if (stopped_) return stop_now();
+      LP_TRY(write_checkpoint(step_));  // the end: resumable, and a resume of a finished run is a no-op
+      after_training();
+    } catch (const cancelled_error&) {
+      return stop_now();
+    }
+    return finish();
+  }
+
+ private:
+  status setup_lora() {
+    auto& w = in_->weights;
+    lora_config lc;
+    lc.r = cfg_.lora.r;
+    lc.alpha = cfg_.lora.alpha;
+    lc.dropout = cfg_.lora.dropout;
+    lc.targets.clear();
+    for (const auto& t : cfg_.lora.targets) lc.targets.push_back(*lora_target_from_name(t));
+    lora_ = lorapipe::init_lora(w, lc, static_cast<uint64_t>(cfg_.run.seed));
+    if (!cfg_.lora.init_adapter.empty()) {  // continue a previous fine-tune
+      auto loaded = load_peft_adapter(cfg_.resolve(cfg_.lora.init_adapter), w);
+      if (!loaded) return make_error("lora.init_adapter: {}", loaded.message());
+      lora_ = std::move(*loaded);
+      lora_.cfg.dropout = cfg_.lora.dropout;
+      obs_.on_event(log_event{log_event::level::info, fmt::format("continuing from adapter {} (r={}, alpha={})",
+                                                                  cfg_.resolve(cfg_.lora.init_adapter).string(), lora_.cfg.r, lora_.cfg.alpha)});
+    }
+    lora_.base_model = cfg_.resolve(cfg_.model.path).string();
+    params_ = lora_.parameters();
+    opt_ = std::make_unique<adamw>(params_, adamw_config{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2,
+                                                         cfg_.optimizer.eps, cfg_.optimizer.weight_decay});
+    return ok_status();
+  }
+
+  // run.epochs, when set, decides the step count from the data size.
+  void plan_steps() {
+    const auto& data = in_->data;
+    const int64_t seqs_per_step = cfg_.run.batch_size * cfg_.run.grad_accum;
+    total_steps_ = cfg_.run.epochs > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cfg_.run.epochs * static_cast<double>(data.train.size()) /
+                                                                                              static_cast<double>(seqs_per_step))))
+                                       : cfg_.run.steps;
+    if (cfg_.run.epochs > 0)
+      obs_.on_event(log_event{log_event::level::info, fmt::format("run.epochs {}: {} steps of {} sequences over {} training sequences",
+                                                                  cfg_.run.epochs, total_steps_, seqs_per_step, data.train.size())});
+    sched_ = lr_schedule{cfg_.optimizer.lr, cfg_.optimizer.warmup_steps, total_steps_, cfg_.optimizer.min_lr_ratio};
+    tokens_per_step_ = cfg_.run.batch_size * cfg_.run.grad_accum * cfg_.data.seq_len;
+    sampler_ = std::make_unique<epoch_sampler>(data.train.size(), static_cast<uint64_t>(cfg_.run.seed));
+  }
+
+  void announce(int threads) {
+    const auto& data = in_->data;
+    const auto& s = data.stats;
+    if (s.format != data_format::text || s.skipped > 0)
+      obs_.on_event(log_event{log_event::level::info,
+                              fmt::format("data: {} format, {} examples ({} skipped, {} truncated, {} dropped), {} tokens of which {} trained on; template {}",
+                                          data_format_name(s.format), s.examples, s.skipped, s.truncated, s.dropped, s.tokens,
+                                          s.trained_tokens, data.template_source.empty() ? "none" : data.template_source)});
+    run_started_event ev = opts_.run;
+    ev.model = in_->weights.source;
+    ev.parameters = in_->weights.cfg.num_parameters();
+    ev.lora_parameters = lora_.num_parameters();
+    ev.train_sequences = data.train.size();
+    ev.val_sequences = data.val.size();
+    ev.total_steps = total_steps_;
+    ev.tokens_per_step = tokens_per_step_;
+    ev.threads = threads;
+    if (ev.config_json.empty()) ev.config_json = project_to_json(with_absolute_paths(cfg_));
+    if (ev.devices.empty()) ev.devices = {cfg_.parallel.schedule == "single" ? std::string("cpu") : cfg_.parallel.devices};
+    if (ev.output_dir.empty()) ev.output_dir = out_dir_.string();
+    ev.adapter_dir = (out_dir_ / "adapter").string();
+    if (ev.checkpoint_dir.empty()) ev.checkpoint_dir = opts_.checkpoint_root.string();
+    obs_.on_event(ev);
+  }
+
+  status build() {
+    pipeline_options po;
+    po.cancel = cancel_;
+    po.probe = opts_.probe;
+    LP_TRY_ASSIGN(rig, build_pipeline(cfg_, in_->weights, lora_, obs_, po));
+    rig_ = std::move(rig);
+    return ok_status();
+  }
+
+  // The optimizers that own the LoRA state and the PEFT names of their parameters (checkpoints).
+  std::vector<optimizer_group> optimizer_groups() {
+    auto names = lora_.parameter_names();
+    if (!rig_.executor) return {{opt_.get(), names}};
+    std::vector<optimizer_group> groups;
+    for (adamw* o : rig_.executor->optimizers()) {
+      optimizer_group g{o, {}};
+      for (size_t k = 0; k < o->params().size(); ++k) {
+        size_t i = 0;  // by identity; the async optimizer's master copies line up by position
+        while (i < params_.size() && !params_[i].is_same(o->params()[k])) ++i;
+        g.names.push_back(names[i < params_.size() ? i : k]);
+      }
+      groups.push_back(std::move(g));
+    }
+    return groups;
+  }
+
+  status restore() {
+    const fs::path& from = opts_.resume_from;
+    LP_TRY_ASSIGN(info, verify_checkpoint(from));
+    LP_TRY_ASSIGN(st, load_train_state(from, lora_, optimizer_groups()));
+    if (st.train_sequences != in_->data.train.size())
+      return make_error("{}: the checkpoint was trained on {} sequences, the data now gives {} (data.train changed?)", from.string(),
+                        st.train_sequences, in_->data.train.size());
+    if (!opts_.config_hash.empty() && !st.config_hash.empty() && st.config_hash != opts_.config_hash)
+      return make_error("{}: the checkpoint belongs to a run with a different configuration (config hash {} vs {})", from.string(),
+                        st.config_hash.substr(0, 12), opts_.config_hash.substr(0, 12));
+    if (st.step > total_steps_)
+      return make_error("{}: checkpoint at step {} is past the run's {} steps", from.string(), st.step, total_steps_);
+    step_ = st.step;
+    cursor_ = st.cursor;
+    sum_.first_val_loss = st.first_val_loss;
+    eval_pending_ = st.eval_pending && st.step < total_steps_;
+    checkpointed_step_ = st.step;
+    sum_.last_checkpoint = info.dir.string();
+    obs_.on_event(log_event{log_event::level::info, fmt::format("resuming at step {} from {}", step_, info.dir.string())});
+    return ok_status();
+  }
+
+  bool has_val() const { return in_->data.val.size() > 0; }
+
+  // Validation at `at`; a stop during it leaves eval_pending set for the checkpoint.
+  double validate(int64_t at) {
+    eval_pending_ = true;
+    auto r = evaluate_windows(in_->weights, &lora_, in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_);
+    eval_pending_ = false;
+    obs_.on_event(eval_event{at, r.loss, r.tokens});
+    return r.loss;
+  }
+
+  void before_training() {
+    const bool resuming = !opts_.resume_from.empty();
+    if (has_val() && (!resuming || eval_pending_)) {
+      const double loss = validate(step_);
+      if (step_ == 0) sum_.first_val_loss = loss;
+    }
+    if (cfg_.run.sample_tokens > 0 && !resuming)
+      obs_.on_event(sample_event{"before", cfg_.run.sample_prompt, sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, 0, cancel_)});
+  }
+
+  status loop() {
+    const auto t_start = clock_type::now();
+    for (; step_ < total_steps_; ++step_) {
+      if (cancel_requested(cancel_)) {
+        stopped_ = true;
+        return ok_status();
+      }
+      const auto t0 = clock_type::now();
+      const double lr = sched_.at(step_);
+      const int64_t cursor_before = cursor_;
+      auto numbers = rig_.executor ? pipeline_step(lr) : single_step(lr);
+      if (!numbers && is_cancelled(numbers.err())) {  // the step is discarded whole; its data comes again on resume
+        cursor_ = cursor_before;
+        stopped_ = true;
+        return ok_status();
+      }
+      if (!numbers) return numbers.err();
+      const double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      busy_s_ += dt;
+      obs_.on_event(step_event{step_ + 1, total_steps_, numbers->loss, lr, numbers->grad_norm, tokens_per_step_ / std::max(dt, 1e-9),
+                               std::chrono::duration<double>(clock_type::now() - t_start).count(), sum_.start_step,
+                               std::move(numbers->peaks), peak_rss_bytes(), rig_.bubble_ratio});
+      if (has_val() && cfg_.run.eval_interval > 0 && (step_ + 1) % cfg_.run.eval_interval == 0 && step_ + 1 < total_steps_) {
+        ++step_;  // a stop inside this validation checkpoints the finished step
+        validate(step_);
+        --step_;
+      }
+      if (cfg_.run.checkpoint_interval > 0 && (step_ + 1) % cfg_.run.checkpoint_interval == 0) LP_TRY(write_checkpoint(step_ + 1));
+    }
+    return ok_status();
+  }
+
+  std::vector<int64_t> draw(int64_t n) {
+    std::vector<int64_t> idx;
+    for (int64_t b = 0; b < n; ++b) idx.push_back(sampler_->at(cursor_++));
+    return idx;
+  }
+
+  result<step_numbers> pipeline_step(double lr) {
+    auto [x, y] = make_batch(in_->data.train, draw(cfg_.run.batch_size));  // i64 [B,T] each
+    std::vector<micro_batch> mbs;
+    auto xs = x.chunk(cfg_.parallel.micro_batches), ys = y.chunk(cfg_.parallel.micro_batches);
+    // Masked data: every micro-batch's summed loss over the step's trained tokens (token-weighted mean).
+    const double scale = in_->data.train.has_mask() ? 1.0 / static_cast<double>(std::max<int64_t>(1, trained_labels(y))) : 0.0;
+    for (size_t i = 0; i < xs.size(); ++i)
+      mbs.push_back({xs[i].contiguous(), ys[i].contiguous(), scale,
+                     dropout_key(static_cast<uint64_t>(cfg_.run.seed), step_, static_cast<int64_t>(i))});
+    LP_TRY_ASSIGN(r, rig_.executor->step(mbs, lr, cfg_.optimizer.grad_clip));
+    if (cfg_.run.trace_interval > 0 && (step_ + 1) % cfg_.run.trace_interval == 0)
+      obs_.on_event(make_trace_event(rig_.executor->prog(), r, rig_.plan, step_ + 1));
+    return step_numbers{r.loss, r.grad_norm, std::vector<int64_t>(r.peak_bytes.begin(), r.peak_bytes.end())};
+  }
+
+  result<step_numbers> single_step(double lr) {
+    const bool masked = in_->data.train.has_mask();
+    std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+    int64_t step_trained = 0;
+    for (int64_t micro = 0; micro < cfg_.run.grad_accum; ++micro) {
+      batches.push_back(make_batch(in_->data.train, draw(cfg_.run.batch_size)));  // i64 [B,T] each
+      if (masked) step_trained += trained_labels(batches.back().second);
+    }
+    double loss_sum = 0;
+    for (size_t micro = 0; micro < batches.size(); ++micro) {
+      const auto& [x, y] = batches[micro];
+      const uint64_t key = dropout_key(static_cast<uint64_t>(cfg_.run.seed), step_, static_cast<int64_t>(micro));
+      auto logits = forward(in_->weights, &lora_, x, 0, nullptr, true, key);  // f32 [B,T,V]
+      if (!masked) {
+        auto loss = causal_lm_loss(logits, y);  // f32 []
+        (loss / static_cast<double>(cfg_.run.grad_accum)).backward();
+        loss_sum += loss.item<double>() / static_cast<double>(cfg_.run.grad_accum);
+      } else {  // token-weighted over the whole step: sum over trained labels / their count
+        auto loss = causal_lm_loss_sum(logits, y) / static_cast<double>(std::max<int64_t>(1, step_trained));
+        loss.backward();
+        loss_sum += loss.item<double>();
+      }
+    }
+    const double gnorm = clip_grad_norm(params_, cfg_.optimizer.grad_clip);
+    opt_->step(lr);
+    opt_->zero_grad();
+    return step_numbers{loss_sum, gnorm, {}};
+  }
+
+  // Seals the state after `at` steps: the run database first gets everything reported so far.
+  status write_checkpoint(int64_t at) {
+    if (opts_.checkpoint_root.empty() || (at == checkpointed_step_ && !eval_pending_)) return ok_status();
+    obs_.on_event(phase_event{phase::checkpointing, 0, 0, at, opts_.checkpoint_root.string()});
+    auto groups = optimizer_groups();
+    if (auto e = obs_.sync(); !e.empty()) return make_error("run database: {}", e);
+    trainer_state st{at, cursor_, cfg_.run.seed, in_->data.train.size(), opts_.config_hash, sched_, sum_.first_val_loss, eval_pending_};
+    LP_TRY_ASSIGN(info, lorapipe::write_checkpoint(opts_.checkpoint_root, at,
+                                                   [&](const fs::path& d) { return save_train_state(d, lora_, groups, st); }, opts_.probe));
+    LP_TRY_ASSIGN(removed, prune_checkpoints(opts_.checkpoint_root, cfg_.run.keep_checkpoints));
+    checkpointed_step_ = at;
+    sum_.last_checkpoint = info.dir.string();
+    obs_.on_event(checkpoint_event{at, info.dir.string(), info.manifest_sha256, info.bytes, removed});
+    return ok_status();
+  }
+
+  void after_training() {
+    if (rig_.executor) rig_.executor->flush();  // async optimizer: the last step's update lands in the adapter
+    if (has_val()) sum_.final_val_loss = validate(step_);
+    // Not cancellable: the final validation is already recorded, and the sample is short.
+    if (cfg_.run.sample_tokens > 0)
+      obs_.on_event(sample_event{"after", cfg_.run.sample_prompt, sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, step_, nullptr)});
+  }
+
+  // A stop before any LoRA state exists: nothing to checkpoint; resuming starts from the beginning.
+  result<train_summary> stopped_before_training() {
+    sum_.stopped = true;
+    obs_.on_event(run_finished_event{0, 0, 0, 0, {}, true, "stopped", {}});
+    return sum_;
+  }
+
+  // Stopped (Ctrl-C, Stop button): checkpoint where the last whole step ended and leave; the
+  // validation at this step would not be part of the resumed run either.
+  result<train_summary> stop_now() {
+    if (rig_.executor) rig_.executor->flush();
+    LP_TRY(write_checkpoint(step_));
+    sum_.stopped = true;
+    return finish();
+  }
+
+  double mean_tokens_per_s() const {
+    const int64_t ran = step_ - sum_.start_step;
+    return busy_s_ > 0 ? static_cast<double>(tokens_per_step_ * ran) / busy_s_ : 0;
+  }
+
+  // The adapter (also of a stopped run), summary.json and the run_finished event.
+  result<train_summary> finish() {
+    sum_.steps = step_;
+    sum_.mean_tokens_per_s = mean_tokens_per_s();
+    sum_.adapter_dir = (out_dir_ / "adapter").string();
+    obs_.on_event(phase_event{phase::saving_adapter, 0, 0, step_, sum_.adapter_dir});
+    LP_TRY(save_peft_adapter(lora_, out_dir_ / "adapter"));
+    if (cfg_.run.save_merged && !sum_.stopped) {
+      obs_.on_event(phase_event{phase::exporting, 0, 0, step_, (out_dir_ / "merged").string()});
+      LP_TRY(export_merged(in_->weights, lora_, out_dir_ / "merged", in_->tok_path));
+    }
+    nlohmann::json s = {{"steps", sum_.steps},
+                        {"first_val_loss", sum_.first_val_loss},
+                        {"final_val_loss", sum_.final_val_loss},
+                        {"mean_tokens_per_s", sum_.mean_tokens_per_s},
+                        {"stopped_early", sum_.stopped}};
+    LP_TRY(write_file_atomic(out_dir_ / "summary.json", s.dump(2) + "\n"));
+    obs_.on_event(run_finished_event{sum_.steps, sum_.first_val_loss, sum_.final_val_loss, sum_.mean_tokens_per_s, sum_.adapter_dir,
+                                     sum_.stopped, sum_.stopped ? "stopped" : "completed", {}});
+    return sum_;
+  }
+
+  const project_config& cfg_;
+  observer& obs_;
+  const train_options& opts_;
+  const cancel_token* cancel_;
+  const fs::path out_dir_;
+  std::unique_ptr<project_inputs> in_;
+  lora_adapters lora_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<adamw> opt_;
+  lr_schedule sched_;
+  int64_t total_steps_ = 0, tokens_per_step_ = 0;
+  pipeline_rig rig_;
+  std::unique_ptr<epoch_sampler> sampler_;
+  int64_t cursor_ = 0, step_ = 0, checkpointed_step_ = -1;
+  bool stopped_ = false, eval_pending_ = false;
+  double busy_s_ = 0;
+  train_summary sum_;
+};
+
+// The error boundary: LibTorch, device and database failures become error values.
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const cancelled_error&) {
+    return make_error("cancelled");
+  } catch (const c10::Error& e) {
+    return make_error("LibTorch: {}", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return make_error("{}", e.what());
+  }
+}
+
+}  // namespace
+
+result<train_summary> run_training(const project_config& cfg, observer& obs, const train_options& opts) {
+  return guarded([&]() -> result<train_summary> { return trainer(cfg, obs, opts).run(); });
+}
+
+result<eval_summary> evaluate_project(const project_config& cfg_in, const fs::path& adapter_dir, const std::string& data_file,
+                                      observer& obs, const cancel_token* cancel) {
+  return guarded([&]() -> result<eval_summary> {
+    project_config cfg = cfg_in;
+    if (!data_file.empty()) {
+      cfg.data.train = fs::absolute(data_file).string();
+      cfg.data.val_fraction = 0;
+      cfg.data.on_disk = false;
+    }
+    LP_TRY(validate_project(cfg));
+    thread_count_scope threads(cfg.run.threads);
+    LP_TRY_ASSIGN(in, load_project_inputs(cfg, obs, cancel));
+    lora_adapters lora;
+    if (!adapter_dir.empty()) {
+      LP_TRY_ASSIGN(l, load_peft_adapter(adapter_dir, in.weights));
+      lora = std::move(l);
+    }
+    const token_windows& set = data_file.empty() ? in.data.val : in.data.train;
+    if (set.size() == 0)
+      return make_error("{}: no evaluation sequences (data.val_fraction is 0 or the data is shorter than data.seq_len)",
+                        data_file.empty() ? cfg.resolve(cfg.data.train).string() : data_file);
+    auto r = evaluate_windows(in.weights, adapter_dir.empty() ? nullptr : &lora, set, cfg.run.batch_size, 0, obs, 0, cancel);
+    return eval_summary{r.loss, std::exp(r.loss), r.tokens, set.size(),
+                        data_file.empty() ? cfg.resolve(cfg.data.train).string() + " (validation split)" : fs::absolute(data_file).string()};
+  });
+}
+
+}  // namespace lorapipe
