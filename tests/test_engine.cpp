@@ -11,6 +11,7 @@
 #include "core/base/errors.h"
 #include "core/engine/event_json.h"
 #include "core/engine/model_session.h"
+#include "core/engine/plan_report.h"
 #include "core/engine/run_queries.h"
 #include "core/engine/run_session.h"
 #include "core/model/llama_model.h"
@@ -155,6 +156,14 @@ TEST(Engine, PipelineRunThroughTheApiReportsEventsInOrder) {
   }
   EXPECT_EQ(layers, 5);
   EXPECT_EQ(plan.links.size(), 2u);
+  // `plan` (before anything runs, from config.json) agrees with the executor's real stage blocks
+  // and weight arenas byte for byte.
+  auto before = make_plan(cfg, 100);
+  ASSERT_TRUE(before.ok()) << before.message();
+  ASSERT_EQ(before->stage_bytes.size(), plan.stages.size());
+  for (size_t s = 0; s < plan.stages.size(); ++s) EXPECT_EQ(static_cast<int64_t>(before->stage_bytes[s]), plan.stages[s].weight_bytes) << s;
+  ASSERT_EQ(before->arenas.size(), plan.arenas.size());
+  for (size_t d = 0; d < plan.arenas.size(); ++d) EXPECT_EQ(static_cast<int64_t>(before->arenas[d].bytes), plan.arenas[d].bytes) << d;
 
   // Steps 1..4 in order; validations at 0, 2 and 4; traces at steps 2 and 4 with as many measured
   // compute instructions as predicted ones.

@@ -10,22 +10,10 @@
 #include "core/text/prompt.h"
 #include "core/text/tokenizer.h"
 #include "core/train/evaluate.h"
+#include "core/train/guard.h"
 
 namespace lorapipe {
 namespace fs = std::filesystem;
-
-namespace {
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    return make_error("LibTorch: {}", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return make_error("{}", e.what());
-  }
-}
-}  // namespace
 
 struct model_session::state {
   model_request req;
@@ -79,7 +67,12 @@ result<generation> model_session::generate(const generate_request& req, const st
     if (!prompt) return prompt.err();
     generation g;
     g.prompt_ids = *prompt;
-    sampling_options so{req.temperature, req.top_p, req.seed, req.max_new_tokens, s_->tok->eos_id()};
+    sampling_options so;
+    so.temperature = req.temperature;
+    so.top_p = req.top_p;
+    so.seed = req.seed;
+    so.max_new_tokens = req.max_new_tokens;
+    so.stop_id = s_->tok->eos_id();
     so.cancel = cancel;
     std::vector<int32_t> so_far;
     std::string text_so_far;

@@ -1,19 +1,10 @@
 // Run database queries for front-ends: see run_queries.h.
 #include "core/engine/run_queries.h"
 
+#include "core/train/guard.h"
+
 namespace lorapipe {
 namespace fs = std::filesystem;
-
-namespace {
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return make_error("{}", e.what());
-  }
-}
-}  // namespace
 
 result<std::vector<run_overview>> list_runs(const fs::path& database, int64_t limit) {
   return guarded([&]() -> result<std::vector<run_overview>> {

@@ -18,6 +18,7 @@
 #include "core/runs/run_recorder.h"
 #include "core/runs/run_store.h"
 #include "core/runs/run_summary.h"
+#include "core/train/guard.h"
 
 namespace lorapipe {
 namespace fs = std::filesystem;
@@ -57,16 +58,6 @@ fs::path checkpoint_root_of(const std::string& output_dir, int64_t run) {
   return fs::path(output_dir) / "checkpoints" / fmt::format("run-{}", run);
 }
 
-// Store calls throw database_error; every entry point turns that (and anything else) into a value.
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return make_error("{}", e.what());
-  }
-}
-
 status check_output_dir(const project_config& cfg) {
   const fs::path out = cfg.resolve(cfg.run.output_dir);
   std::error_code ec;
@@ -78,8 +69,8 @@ status check_output_dir(const project_config& cfg) {
   return ok_status();
 }
 
-// The checkpoint a resume continues from (empty: none yet, start over), verified.
-result<fs::path> choose_checkpoint(int64_t run, const fs::path& root, std::optional<int64_t> step) {
+// The checkpoint a resume continues from, verified (nullopt: none yet, start over).
+result<std::optional<checkpoint_info>> choose_checkpoint(int64_t run, const fs::path& root, std::optional<int64_t> step) {
   auto all = list_checkpoints(root);
   fs::path from;
   if (step) {
@@ -89,8 +80,9 @@ result<fs::path> choose_checkpoint(int64_t run, const fs::path& root, std::optio
   } else if (!all.empty()) {
     from = all.back().dir;
   }
-  if (from.empty()) return from;
-  if (auto v = verify_checkpoint(from); !v) {
+  if (from.empty()) return std::optional<checkpoint_info>();
+  auto v = verify_checkpoint(from);
+  if (!v) {
     std::string older;
     for (const auto& c : all)
       if (c.dir != from) older += fmt::format(" {}", c.step);
@@ -98,7 +90,7 @@ result<fs::path> choose_checkpoint(int64_t run, const fs::path& root, std::optio
                       older.empty() ? "no older checkpoint exists (start a new run with lorapipe-cli train)"
                                     : "older checkpoints (resume with --checkpoint STEP):" + older);
   }
-  return from;
+  return std::optional<checkpoint_info>(*v);
 }
 
 }  // namespace
@@ -156,11 +148,10 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
     h.config = *cfg;
     h.checkpoint_root = checkpoint_root_of(rec->output_dir, run);
     LP_TRY_ASSIGN(from, choose_checkpoint(run, h.checkpoint_root, checkpoint_step));
-    if (!from.empty()) {
-      LP_TRY_ASSIGN(info, verify_checkpoint(from));
-      h.start_step = info.step;
+    if (from) {
+      h.resume_from = from->dir;
+      h.start_step = from->step;
     }
-    h.resume_from = from;
     store.truncate_after(run, h.start_step);
     store.mark_resumed(run, ::getpid());
     return h;

@@ -18,6 +18,7 @@
 #include "core/train/evaluate.h"
 #include "core/train/pipeline_setup.h"
 #include "core/train/train_state.h"
+#include "core/train/guard.h"
 
 namespace lorapipe {
 namespace fs = std::filesystem;
@@ -372,20 +373,6 @@ class trainer {
   double busy_s_ = 0;
   train_summary sum_;
 };
-
-// The error boundary: LibTorch, device and database failures become error values.
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const cancelled_error&) {
-    return make_error("cancelled");
-  } catch (const c10::Error& e) {
-    return make_error("LibTorch: {}", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return make_error("{}", e.what());
-  }
-}
 
 }  // namespace
 
