@@ -282,6 +282,38 @@ TEST(Engine, CancelInsideAPipelineStepStopsAndResumesBitIdentical) {
   expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
 }
 
+// The one-step-stale asynchronous optimizer: a run stopped at step 5 and resumed from its older
+// checkpoint at step 3 ends bit-identical to an uninterrupted run (the master copy the background
+// update works on takes the checkpoint's weights; it used to keep the initial ones).
+TEST(Engine, AsyncOptimizerResumesFromAnOlderCheckpointBitIdentical) {
+  const auto dir = scratch("async");
+  auto cfg = small_project(dir, "1f1b", 8);
+  cfg.optimizer.asynchronous = true;
+  cfg.run.eval_interval = 0;
+  cfg.run.checkpoint_interval = 3;
+  cfg.run.keep_checkpoints = 0;
+  const auto want = reference_adapter(dir, cfg);
+  const fs::path db = dir / "runs.db";
+  auto h = begin_run(cfg, "p.json", db);
+  ASSERT_TRUE(h.ok()) << h.message();
+  cancel_token stop;
+  collector obs;
+  obs.hook = [&](const engine_event& e) {
+    if (auto* s = std::get_if<step_event>(&e); s && s->step == 5) stop.request();
+  };
+  auto r = execute_run(*h, obs, stop);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->status, run_status::stopped);
+  auto again = prepare_resume(db, h->run_id, 3);
+  ASSERT_TRUE(again.ok()) << again.message();
+  EXPECT_EQ(again->start_step, 3);
+  cancel_token never;
+  collector obs2;
+  auto r2 = execute_run(*again, obs2, never);
+  ASSERT_TRUE(r2.ok()) << r2.message();
+  expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
+}
+
 // A device error inside a pipeline step fails the run (error value, status failed, run_finished
 // with the message); the same process then trains another run to completion.
 TEST(Engine, FailedStepIsRecordedAndTheProcessRunsAgain) {
@@ -368,6 +400,36 @@ TEST(Engine, GenerationStreamsTokensAndStopsAfterK) {
   }, &stop);
   ASSERT_TRUE(three.ok());
   EXPECT_EQ(three->ids.size(), 3u);
+}
+
+// Train, then chat, with the base weights loaded once: the run shares the model session's weights
+// (no loading phase), and the session then generates with the run's adapter.
+TEST(Engine, TrainThenChatWithoutReloading) {
+  const auto dir = scratch("reuse");
+  auto cfg = small_project(dir, "single", 30);
+  cfg.optimizer.lr = 0.01;
+  cfg.run.sample_tokens = 0;
+  auto m = model_session::open({cfg.model.path, "", "", "float32", 2});
+  ASSERT_TRUE(m.ok()) << m.message();
+  ASSERT_NE(m->weights_for(cfg), nullptr);
+  generate_request req;
+  req.prompt = "Once upon a time";
+  req.max_new_tokens = 16;
+  const auto base = m->generate(req).value().ids;
+  auto h = begin_run(cfg, "p.json", dir / "runs.db");
+  ASSERT_TRUE(h.ok()) << h.message();
+  execute_options eo;
+  eo.model = &*m;
+  cancel_token never;
+  collector obs;
+  auto r = execute_run(*h, obs, never, eo);
+  ASSERT_TRUE(r.ok()) << r.message();
+  for (const auto& p : obs.all<phase_event>()) EXPECT_NE(p.what, phase::loading_model);
+  ASSERT_TRUE(m->set_adapter(r->summary.adapter_dir).ok());
+  const auto tuned = m->generate(req).value().ids;
+  EXPECT_NE(tuned, base);
+  ASSERT_TRUE(m->set_adapter("").ok());
+  EXPECT_EQ(m->generate(req).value().ids, base);  // the shared base weights were not changed by training
 }
 
 // Tokenizers without BOS (Qwen3, GPT-2 style) get no BOS (id -1 used to be prepended).

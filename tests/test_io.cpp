@@ -233,7 +233,7 @@ TEST(Dataset, PacksWindowsSplitsAndRejectsEmpty) {
   ASSERT_TRUE(tok.ok());
   auto d = temp_dir("ds");
   write_bytes(d / "c.txt", "Once upon a time.\n\nThe end came.\n  \n\nA third one here.\n");
-  text_dataset_options o{d / "c.txt", 4, 0.0, true, true};
+  text_dataset_options o{d / "c.txt", 4, 0.0, true, true, {}};
   auto ds = load_text_dataset(o, **tok);
   ASSERT_TRUE(ds.ok()) << ds.message();
   EXPECT_EQ(ds->documents, 3);
@@ -249,17 +249,17 @@ TEST(Dataset, PacksWindowsSplitsAndRejectsEmpty) {
   EXPECT_EQ(ds->train.size(), static_cast<int64_t>((want.size() - 1) / 4));
   EXPECT_EQ(ds->train.window(1)[0], want[4]);
   // Validation split comes from the end of the stream.
-  text_dataset_options o2{d / "c.txt", 4, 0.3, true, true};
+  text_dataset_options o2{d / "c.txt", 4, 0.3, true, true, {}};
   auto ds2 = load_text_dataset(o2, **tok);
   ASSERT_TRUE(ds2.ok());
   EXPECT_EQ(ds2->train.tokens.size() + ds2->val.tokens.size(), want.size());
   EXPECT_EQ(ds2->val.tokens.back(), 2);
   write_bytes(d / "empty.txt", "\n\n  \n");
-  auto e = load_text_dataset({d / "empty.txt", 4, 0.0, true, true}, **tok);
+  auto e = load_text_dataset({d / "empty.txt", 4, 0.0, true, true, {}}, **tok);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.message().find("corpus is empty"), std::string::npos);
-  EXPECT_NE(load_text_dataset({d / "none.txt", 4, 0.0, true, true}, **tok).message().find("not found"), std::string::npos);
-  EXPECT_NE(load_text_dataset({d / "c.txt", 500, 0.0, true, true}, **tok).message().find("too small"), std::string::npos);
+  EXPECT_NE(load_text_dataset({d / "none.txt", 4, 0.0, true, true, {}}, **tok).message().find("not found"), std::string::npos);
+  EXPECT_NE(load_text_dataset({d / "c.txt", 500, 0.0, true, true, {}}, **tok).message().find("too small"), std::string::npos);
 }
 
 TEST(Dataset, SamplerIsAPermutationPerEpochAndDeterministic) {

@@ -16,6 +16,7 @@ result<device_spec> parse_device_spec(const std::string& spec) {
     if (ec != std::errc() || p != spec.data() + spec.size() || out.cpus < 1 || out.cpus > 64)
       return make_error("parallel.devices: '{}' should be cpu:N with N in 1..64", spec);
   } else if (spec.rfind("cuda:", 0) == 0) {
+    if (spec.back() == ',') return make_error("parallel.devices: '{}' should be cuda:I,J,... with GPU indices", spec);
     std::stringstream ss(spec.substr(5));
     for (std::string item; std::getline(ss, item, ',');) {
       int id = -1;

@@ -63,7 +63,7 @@ result<training_data> load_training_data(const project_config& cfg, const tokeni
   o.templ = std::move(*templ);
   o.template_vars = special_token_vars(tok, settings);
   auto ds = load_instruct_dataset(o, tok, preview);
-  if (!ds) return make_error("data.train: {}", ds.message());
+  if (!ds) return is_cancelled(ds.err()) ? ds.err() : make_error("data.train: {}", ds.message());
   td.train = std::move(ds->train);
   td.val = std::move(ds->val);
   td.stats = std::move(ds->stats);

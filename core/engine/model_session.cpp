@@ -45,6 +45,12 @@ result<model_session> model_session::open(const model_request& req) {
   });
 }
 
+const llama_weights* model_session::weights_for(const project_config& cfg) const {
+  std::error_code ec;
+  const auto same = fs::equivalent(cfg.resolve(cfg.model.path), fs::path(s_->req.model), ec);
+  return same && !ec && cfg.model.dtype == s_->req.dtype ? &s_->weights : nullptr;
+}
+
 status model_session::set_adapter(const std::string& adapter) {
   return guarded([&]() -> status {
     if (adapter.empty()) {

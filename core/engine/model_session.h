@@ -20,6 +20,8 @@
 
 namespace lorapipe {
 
+struct llama_weights;
+
 struct model_request {
   std::string model;      // HF folder or llama2.c .bin
   std::string adapter;    // PEFT folder ("" = base model)
@@ -57,6 +59,9 @@ class model_session {
                               const cancel_token* cancel = nullptr);
   // Replaces the adapter ("" = base model) without reloading the base weights.
   status set_adapter(const std::string& adapter);
+  // The loaded base weights when they are the ones `cfg` trains (same model.path and model.dtype),
+  // for a run to share (execute_options::model): train, then chat, without loading twice.
+  const llama_weights* weights_for(const project_config& cfg) const;
 
  private:
   struct state;

@@ -105,7 +105,8 @@ const char* run_status_name(run_status s) {
 }
 
 fs::path resolve_database(const std::string& flag, const project_config* cfg) {
-  if (!flag.empty()) return fs::absolute(flag);
+  std::error_code ec;
+  if (!flag.empty()) return fs::absolute(flag, ec);
   if (cfg != nullptr && !cfg->run.database.empty()) return cfg->resolve(cfg->run.database);
   return default_database_path();
 }
@@ -159,6 +160,7 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
 }
 
 result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts) {
+  if (h.already_completed) return run_outcome{run_status::completed, {}};  // nothing to do, nothing to change
   std::string failure;
   try {
     run_store store(h.database);
@@ -171,6 +173,7 @@ result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel
     to.resume_from = h.resume_from;
     to.config_hash = config_hash(h.config);
     to.probe = opts.probe;
+    to.preloaded = opts.model != nullptr ? opts.model->weights_for(h.config) : nullptr;
     to.run.run_id = h.run_id;
     to.run.start_step = h.start_step;
     to.run.output_dir = h.config.resolve(h.config.run.output_dir).string();
@@ -195,7 +198,10 @@ result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel
     } catch (const std::exception&) {
     }
   }
-  obs.on_event(run_finished_event{0, 0, 0, 0, {}, false, "failed", failure});
+  try {
+    obs.on_event(run_finished_event{0, 0, 0, 0, {}, false, "failed", failure});
+  } catch (const std::exception&) {  // an observer that throws does not change the outcome
+  }
   return make_error("{}", failure);
 }
 

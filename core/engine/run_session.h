@@ -13,6 +13,7 @@
 #include "core/base/cancel.h"
 #include "core/base/events.h"
 #include "core/base/result.h"
+#include "core/engine/model_session.h"
 #include "core/project/project.h"
 #include "core/train/trainer.h"
 
@@ -46,6 +47,8 @@ struct run_outcome {
 
 struct execute_options {
   probe_fn probe;  // test hook (kill tests): checkpoint writes, database commits, pipeline instructions
+  // A loaded model to share with the run when it is the project's (see model_session::weights_for).
+  const model_session* model = nullptr;
 };
 
 // Trains the run; a failure comes back as an error value after the run is recorded as failed.

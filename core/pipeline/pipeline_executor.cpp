@@ -41,6 +41,14 @@ std::vector<adamw*> pipeline_executor::optimizers() {
   return out;
 }
 
+void pipeline_executor::resync_master() {
+  auto& s = *d_;
+  if (!s.po.async_optimizer || s.master.empty()) return;
+  torch::NoGradGuard ng;
+  auto params = s.lora.parameters();
+  for (size_t i = 0; i < params.size(); ++i) s.master[i].copy_(params[i]);
+}
+
 pipeline_executor::~pipeline_executor() {
   if (d_->pending.valid()) d_->pending.wait();
   // Copies still in flight reference this executor (deliveries into its mailbox): every download
@@ -67,6 +75,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
       return make_error("{}: weight arena of {} bytes: {}", s.devs[d]->name(), s.weight_plan[d].bytes, e.what());
     }
   }
+  if (s.cancel_between_steps_only() && cancel_requested(s.po.cancel)) return make_error("cancelled");
   s.mailbox.clear();
   s.host.clear();
   s.backward_left = s.total_backward;

@@ -63,6 +63,8 @@ struct pipeline_options {
   std::vector<link_transport> transports;
   // Checked before every instruction: a request ends the step with the error "cancelled" while no
   // stage has started its optimizer update (state unchanged: the step can simply be run again).
+  // With an nccl link it is checked once, before the step starts (a device leaving mid-step would
+  // leave its peer's send or receive unmatched).
   const cancel_token* cancel = nullptr;
   // Test hook: called with "pipeline:instruction" before every instruction of every device.
   std::function<void(const char* site)> probe;
@@ -91,6 +93,9 @@ class pipeline_executor {
   // The AdamW instances that own the LoRA state (per stepping stage; with the async optimizer the
   // one on the master copies, whose parameters line up with lora.parameters()). Flushes first.
   std::vector<adamw*> optimizers();
+  // Async optimizer: after LoRA weights were loaded into the parameters (resume), the master copy
+  // the background step updates takes them over. No-op otherwise.
+  void resync_master();
 
   struct impl;  // core/pipeline/pipeline_impl.h (internal)
 

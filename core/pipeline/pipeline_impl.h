@@ -160,6 +160,12 @@ struct pipeline_executor::impl {
     weight_plan = plan_weight_arenas(prog, stage_bytes, weight_alignment);
   }
 
+  bool cancel_between_steps_only() const {
+    for (const auto& l : po.transports)
+      if (l.kind == transport_kind::nccl) return true;
+    return false;
+  }
+
   transport_kind link_kind(int32_t from, int32_t to) const {
     for (const auto& l : po.transports)
       if (l.from == from && l.to == to) return l.kind;
@@ -238,6 +244,9 @@ struct pipeline_executor::impl {
 
   // What one device's worker holds during a step (its locals, shared by the instruction methods).
   struct worker_ctx {
+    worker_ctx(int32_t d_, compute_device& dev_, const std::vector<micro_batch>& mbs_, double lr_, double max_norm_, bool apply_)
+        : d(d_), dev(dev_), tdev(dev_.torch_device()), mbs(mbs_), lr(lr_), max_norm(max_norm_), apply(apply_),
+          tokens_per_micro(mbs_.empty() ? 0 : mbs_[0].tokens.numel()) {}
     int32_t d;
     compute_device& dev;
     c10::Device tdev;

@@ -9,12 +9,11 @@ using impl = pipeline_executor::impl;
 void impl::worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, double max_norm, bool apply) {
   compute_device& dev = *devs[d];
   dev.enter_compute_thread();
-  worker_ctx c{d, dev, dev.torch_device(), mbs, lr, max_norm, apply, {}, {}, {}, {}, {},
-               mbs.empty() ? 0 : mbs[0].tokens.numel()};
+  worker_ctx c(d, dev, mbs, lr, max_norm, apply);
   load_device_lora(c);
   for (const auto& in : prog.devices[d]) {
     if (po.probe) po.probe("pipeline:instruction");
-    if (cancel_requested(po.cancel) && cancel_before_update()) throw aborted{};
+    if (cancel_requested(po.cancel) && !cancel_between_steps_only() && cancel_before_update()) throw aborted{};
     execute(c, in);
   }
   if (!c.stash.empty()) throw lorapipe_error(fmt::format("{}: {} graphs left without backward", dev.name(), c.stash.size()));

@@ -49,7 +49,7 @@ class trainer {
     fs::create_directories(out_dir_, ec);
     if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message());
     LP_TRY(write_file_atomic(out_dir_ / "project.json", project_to_json(cfg_)));
-    auto loaded = load_project_inputs(cfg_, obs_, cancel_);
+    auto loaded = load_project_inputs(cfg_, obs_, cancel_, opts_.preloaded);
     if (!loaded && is_cancelled(loaded.err())) return stopped_before_training();
     if (!loaded) return loaded.err();
     in_ = std::make_unique<project_inputs>(std::move(*loaded));
@@ -167,6 +167,7 @@ class trainer {
     const fs::path& from = opts_.resume_from;
     LP_TRY_ASSIGN(info, verify_checkpoint(from));
     LP_TRY_ASSIGN(st, load_train_state(from, lora_, optimizer_groups()));
+    if (rig_.executor) rig_.executor->resync_master();  // async optimizer: its master copy takes the loaded weights
     if (st.train_sequences != in_->data.train.size())
       return make_error("{}: the checkpoint was trained on {} sequences, the data now gives {} (data.train changed?)", from.string(),
                         st.train_sequences, in_->data.train.size());
@@ -315,7 +316,9 @@ class trainer {
   // A stop before any LoRA state exists: nothing to checkpoint; resuming starts from the beginning.
   result<train_summary> stopped_before_training() {
     sum_.stopped = true;
-    obs_.on_event(run_finished_event{0, 0, 0, 0, {}, true, "stopped", {}});
+    sum_.steps = sum_.start_step = opts_.run.start_step;  // a resumed run keeps its checkpoint
+    sum_.last_checkpoint = opts_.resume_from.string();
+    obs_.on_event(run_finished_event{sum_.steps, 0, 0, 0, {}, true, "stopped", {}});
     return sum_;
   }
 
@@ -340,7 +343,7 @@ class trainer {
     sum_.adapter_dir = (out_dir_ / "adapter").string();
     obs_.on_event(phase_event{phase::saving_adapter, 0, 0, step_, sum_.adapter_dir});
     LP_TRY(save_peft_adapter(lora_, out_dir_ / "adapter"));
-    if (cfg_.run.save_merged && !sum_.stopped) {
+    if (cfg_.run.save_merged) {
       obs_.on_event(phase_event{phase::exporting, 0, 0, step_, (out_dir_ / "merged").string()});
       LP_TRY(export_merged(in_->weights, lora_, out_dir_ / "merged", in_->tok_path));
     }

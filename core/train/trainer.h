@@ -13,6 +13,10 @@
 #include "core/runs/checkpoint.h"
 
 namespace lorapipe {
+struct llama_weights;
+}
+
+namespace lorapipe {
 
 struct train_summary {
   int64_t steps = 0;
@@ -35,6 +39,8 @@ struct train_options {
   std::string config_hash;            // recorded in checkpoints and checked on resume
   probe_fn probe;                     // test hook at named points (checkpoint writes, pipeline instructions)
   run_started_event run;              // run id, paths, database (the run session fills them in)
+  // Frozen weights already loaded for this model.path and model.dtype (shared, not copied); null = load.
+  const llama_weights* preloaded = nullptr;
 };
 
 // Runs (or, with resume_from, continues) the training a project describes. A resumed run reproduces

@@ -103,7 +103,9 @@ void pipeline_matches_cpu(const std::string& spec, const std::string& schedule, 
   auto prog = make_schedule(schedule, 5, o).value();
   pipeline_options po;
   po.transports = choose_transports(prog, facts_of(raw), transport, gpu_peer_access, nccl_available()).value();
-  if (transport == "nccl") ASSERT_TRUE(enable_nccl(raw).ok());
+  if (transport == "nccl") {
+    ASSERT_TRUE(enable_nccl(raw).ok());
+  }
   pipeline_executor ex(w_cpu, pipe_lora, prog, raw, {}, po);
   std::vector<micro_batch> mbs;
   auto xs = x.chunk(4), ys = y.chunk(4);
