@@ -4,7 +4,10 @@
 // generation; the JSON event protocol; prompts for tokenizers without BOS.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <functional>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -18,6 +21,7 @@
 #include "core/model/lora.h"
 #include "core/text/prompt.h"
 #include "core/text/tokenizer.h"
+#include "tests/test_observer.h"
 #include "tests/test_paths.h"
 
 namespace fs = std::filesystem;
@@ -25,27 +29,7 @@ using namespace lorapipe;
 
 namespace {
 
-struct collector : observer {
-  std::vector<engine_event> events;
-  std::function<void(const engine_event&)> hook;
-  void on_event(const engine_event& e) override {
-    events.push_back(e);
-    if (hook) hook(e);
-  }
-  template <class T>
-  std::vector<T> all() const {
-    std::vector<T> out;
-    for (const auto& e : events)
-      if (auto* p = std::get_if<T>(&e)) out.push_back(*p);
-    return out;
-  }
-  template <class T>
-  size_t first_index() const {
-    for (size_t i = 0; i < events.size(); ++i)
-      if (std::holds_alternative<T>(events[i])) return i;
-    return events.size();
-  }
-};
+using collector = event_log;
 
 fs::path scratch(const std::string& tag) {
   auto d = fs::temp_directory_path() / ("lorapipe_engine_" + tag + "_" + std::to_string(::getpid()));
@@ -204,42 +188,70 @@ TEST(Engine, PipelineRunThroughTheApiReportsEventsInOrder) {
   EXPECT_EQ(event_to_json(traces[0])["measured"].size(), traces[0].measured.size());
 }
 
+namespace {
+
+// The stop-and-resume pattern: an uninterrupted reference run, then the same project with a stop
+// requested by `when` (from an event, or from the pipeline probe), then a resume through the API
+// (from the newest checkpoint or `from`) that must end with the reference's adapter, tensor for tensor.
+struct stop_and_resume {
+  collector first, second;
+  result<run_outcome> stopped = error{"not run"}, resumed = error{"not run"};
+  run_handle resume;
+};
+stop_and_resume stop_then_resume(const fs::path& dir, const project_config& cfg,
+                                 const std::function<void(const engine_event&, cancel_token&)>& when,
+                                 const std::function<void(const char*, cancel_token&)>& probe = {},
+                                 std::optional<int64_t> from = std::nullopt) {
+  stop_and_resume out;
+  const auto want = reference_adapter(dir, cfg);
+  const fs::path db = dir / "runs.db";
+  auto h = begin_run(cfg, "p.json", db);
+  EXPECT_TRUE(h.ok()) << h.message();
+  if (!h) return out;
+  cancel_token stop;
+  out.first.hook = [&](const engine_event& e) {
+    if (when) when(e, stop);
+  };
+  execute_options eo;
+  if (probe) eo.probe = [&](const char* site) { probe(site, stop); };
+  out.stopped = execute_run(*h, out.first, stop, eo);
+  EXPECT_TRUE(out.stopped.ok()) << out.stopped.message();
+  if (!out.stopped) return out;
+  EXPECT_EQ(out.stopped->status, run_status::stopped);
+  EXPECT_EQ(run_status_in_db(db, h->run_id), "interrupted");
+  auto again = prepare_resume(db, h->run_id, from);
+  EXPECT_TRUE(again.ok()) << again.message();
+  if (!again) return out;
+  out.resume = *again;
+  cancel_token never;
+  out.resumed = execute_run(*again, out.second, never);
+  EXPECT_TRUE(out.resumed.ok()) << out.resumed.message();
+  if (out.resumed) {
+    EXPECT_EQ(out.resumed->status, run_status::completed);
+  }
+  expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
+  return out;
+}
+
+}  // namespace
+
 // Stop requested while the validation after step 2 runs: the run stops with a checkpoint at step 2;
 // a resume through the API repeats that validation and ends bit-identical to an uninterrupted run.
 TEST(Engine, CancelDuringValidationStopsAndResumesBitIdentical) {
   const auto dir = scratch("cancel_eval");
-  auto cfg = small_project(dir, "single", 4);
-  const auto want = reference_adapter(dir, cfg);
-  const fs::path db = dir / "runs.db";
-  auto h = begin_run(cfg, "p.json", db);
-  ASSERT_TRUE(h.ok()) << h.message();
-  cancel_token stop;
-  collector obs;
-  obs.hook = [&](const engine_event& e) {
+  auto t = stop_then_resume(dir, small_project(dir, "single", 4), [](const engine_event& e, cancel_token& stop) {
     if (auto* p = std::get_if<phase_event>(&e); p && p->what == phase::evaluating && p->step == 2 && p->done == 1) stop.request();
-  };
-  auto r = execute_run(*h, obs, stop);
-  ASSERT_TRUE(r.ok()) << r.message();
-  EXPECT_EQ(r->status, run_status::stopped);
-  EXPECT_EQ(r->summary.steps, 2);
-  EXPECT_EQ(obs.all<step_event>().size(), 2u);
-  for (const auto& e : obs.all<eval_event>()) EXPECT_NE(e.step, 2);  // the interrupted validation reported nothing
-  ASSERT_EQ(obs.all<checkpoint_event>().size(), 1u);
-  EXPECT_EQ(obs.all<checkpoint_event>()[0].step, 2);
-  EXPECT_EQ(run_status_in_db(db, h->run_id), "interrupted");
-
-  auto again = prepare_resume(db, h->run_id, std::nullopt);
-  ASSERT_TRUE(again.ok()) << again.message();
-  EXPECT_EQ(again->start_step, 2);
-  cancel_token never;
-  collector obs2;
-  auto r2 = execute_run(*again, obs2, never);
-  ASSERT_TRUE(r2.ok()) << r2.message();
-  EXPECT_EQ(r2->status, run_status::completed);
+  });
+  ASSERT_TRUE(t.stopped.ok());
+  EXPECT_EQ(t.stopped->summary.steps, 2);
+  EXPECT_EQ(t.first.all<step_event>().size(), 2u);
+  for (const auto& e : t.first.all<eval_event>()) EXPECT_NE(e.step, 2);  // the interrupted validation reported nothing
+  ASSERT_EQ(t.first.all<checkpoint_event>().size(), 1u);
+  EXPECT_EQ(t.first.all<checkpoint_event>()[0].step, 2);
+  EXPECT_EQ(t.resume.start_step, 2);
   std::vector<int64_t> eval_steps;
-  for (const auto& e : obs2.all<eval_event>()) eval_steps.push_back(e.step);
+  for (const auto& e : t.second.all<eval_event>()) eval_steps.push_back(e.step);
   EXPECT_EQ(eval_steps, (std::vector<int64_t>{2, 4}));  // the pending validation first
-  expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
 }
 
 // Stop requested in the middle of pipeline step 3 (its 10th instruction): the step is discarded,
@@ -248,38 +260,20 @@ TEST(Engine, CancelInsideAPipelineStepStopsAndResumesBitIdentical) {
   const auto dir = scratch("cancel_step");
   auto cfg = small_project(dir, "1f1b", 4);
   cfg.run.eval_interval = 0;
-  const auto want = reference_adapter(dir, cfg);
-  const fs::path db = dir / "runs.db";
-  auto h = begin_run(cfg, "p.json", db);
-  ASSERT_TRUE(h.ok()) << h.message();
-  cancel_token stop;
-  collector obs;
   std::atomic<int64_t> steps_seen{0};
   std::atomic<int> in_step3{0};
-  obs.hook = [&](const engine_event& e) {
-    if (std::holds_alternative<step_event>(e)) ++steps_seen;
-  };
-  execute_options eo;
-  eo.probe = [&](const char* site) {
-    if (std::string(site) == "pipeline:instruction" && steps_seen == 2 && ++in_step3 == 10) stop.request();
-  };
-  auto r = execute_run(*h, obs, stop, eo);
-  ASSERT_TRUE(r.ok()) << r.message();
-  EXPECT_EQ(r->status, run_status::stopped);
-  EXPECT_EQ(r->summary.steps, 2);
-  EXPECT_EQ(obs.all<step_event>().size(), 2u);
-  ASSERT_EQ(obs.all<checkpoint_event>().size(), 1u);
-  EXPECT_EQ(obs.all<checkpoint_event>()[0].step, 2);
-  EXPECT_EQ(run_status_in_db(db, h->run_id), "interrupted");
-
-  auto again = prepare_resume(db, h->run_id, std::nullopt);
-  ASSERT_TRUE(again.ok()) << again.message();
-  cancel_token never;
-  collector obs2;
-  auto r2 = execute_run(*again, obs2, never);
-  ASSERT_TRUE(r2.ok()) << r2.message();
-  EXPECT_EQ(obs2.all<step_event>().front().step, 3);
-  expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
+  auto t = stop_then_resume(
+      dir, cfg, [&](const engine_event& e, cancel_token&) { steps_seen += std::holds_alternative<step_event>(e) ? 1 : 0; },
+      [&](const char* site, cancel_token& stop) {
+        if (std::string(site) == "pipeline:instruction" && steps_seen == 2 && ++in_step3 == 10) stop.request();
+      });
+  ASSERT_TRUE(t.stopped.ok());
+  EXPECT_EQ(t.stopped->summary.steps, 2);
+  EXPECT_EQ(t.first.all<step_event>().size(), 2u);
+  ASSERT_EQ(t.first.all<checkpoint_event>().size(), 1u);
+  EXPECT_EQ(t.first.all<checkpoint_event>()[0].step, 2);
+  ASSERT_FALSE(t.second.all<step_event>().empty());
+  EXPECT_EQ(t.second.all<step_event>().front().step, 3);
 }
 
 // The one-step-stale asynchronous optimizer: a run stopped at step 5 and resumed from its older
@@ -292,26 +286,13 @@ TEST(Engine, AsyncOptimizerResumesFromAnOlderCheckpointBitIdentical) {
   cfg.run.eval_interval = 0;
   cfg.run.checkpoint_interval = 3;
   cfg.run.keep_checkpoints = 0;
-  const auto want = reference_adapter(dir, cfg);
-  const fs::path db = dir / "runs.db";
-  auto h = begin_run(cfg, "p.json", db);
-  ASSERT_TRUE(h.ok()) << h.message();
-  cancel_token stop;
-  collector obs;
-  obs.hook = [&](const engine_event& e) {
-    if (auto* s = std::get_if<step_event>(&e); s && s->step == 5) stop.request();
-  };
-  auto r = execute_run(*h, obs, stop);
-  ASSERT_TRUE(r.ok()) << r.message();
-  EXPECT_EQ(r->status, run_status::stopped);
-  auto again = prepare_resume(db, h->run_id, 3);
-  ASSERT_TRUE(again.ok()) << again.message();
-  EXPECT_EQ(again->start_step, 3);
-  cancel_token never;
-  collector obs2;
-  auto r2 = execute_run(*again, obs2, never);
-  ASSERT_TRUE(r2.ok()) << r2.message();
-  expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
+  auto t = stop_then_resume(
+      dir, cfg,
+      [](const engine_event& e, cancel_token& stop) {
+        if (auto* s = std::get_if<step_event>(&e); s && s->step == 5) stop.request();
+      },
+      {}, 3);
+  EXPECT_EQ(t.resume.start_step, 3);
 }
 
 // A device error inside a pipeline step fails the run (error value, status failed, run_finished

@@ -13,23 +13,14 @@
 #include "core/model/optimizer.h"
 #include "core/project/project.h"
 #include "core/train/trainer.h"
+#include "tests/test_observer.h"
 #include "tests/test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace lorapipe;
 
 namespace {
-struct recorder : observer {
-  std::vector<engine_event> events;
-  void on_event(const engine_event& e) override { events.push_back(e); }
-  template <class T>
-  std::vector<T> all() const {
-    std::vector<T> out;
-    for (const auto& e : events)
-      if (auto* p = std::get_if<T>(&e)) out.push_back(*p);
-    return out;
-  }
-};
+using recorder = event_log;
 
 project_config shakespeare(const std::string& out, int64_t steps) {
   project_config c;
