@@ -19,6 +19,7 @@
 #include "core/engine/run_session.h"
 #include "core/model/llama_model.h"
 #include "core/model/lora.h"
+#include "core/runs/checkpoint.h"
 #include "core/text/prompt.h"
 #include "core/text/tokenizer.h"
 #include "tests/test_observer.h"
@@ -293,6 +294,64 @@ TEST(Engine, AsyncOptimizerResumesFromAnOlderCheckpointBitIdentical) {
       },
       {}, 3);
   EXPECT_EQ(t.resume.start_step, 3);
+}
+
+// Resume from an older checkpoint abandons the newer ones: stopped at step 6 (checkpoints 2, 4, 6),
+// resumed from step 2 and stopped again at step 3, a plain resume continues from step 3, not from the
+// abandoned step 6, and the run ends with the uninterrupted adapter.
+TEST(Engine, ResumeFromAnOlderCheckpointAbandonsTheNewerOnes) {
+  const auto dir = scratch("timeline");
+  auto cfg = small_project(dir, "single", 8);
+  cfg.run.eval_interval = 0;
+  cfg.run.sample_tokens = 0;
+  cfg.run.checkpoint_interval = 2;
+  cfg.run.keep_checkpoints = 0;
+  const auto want = reference_adapter(dir, cfg);
+  const fs::path db = dir / "runs.db";
+  auto stop_at = [](int64_t step) {
+    return [step](const engine_event& e, cancel_token& stop) {
+      if (auto* s = std::get_if<step_event>(&e); s && s->step == step) stop.request();
+    };
+  };
+  auto h = begin_run(cfg, "p.json", db);
+  ASSERT_TRUE(h.ok()) << h.message();
+  cancel_token stop1;
+  collector first;
+  first.hook = [&](const engine_event& e) { stop_at(6)(e, stop1); };
+  ASSERT_EQ(execute_run(*h, first, stop1)->status, run_status::stopped);
+  auto steps_on_disk = [&] {
+    std::vector<int64_t> v;
+    for (const auto& c : list_checkpoints(h->checkpoint_root)) v.push_back(c.step);
+    return v;
+  };
+  auto steps_in_db = [&] {
+    std::vector<int64_t> v;
+    for (const auto& c : show_run(db, h->run_id)->checkpoints) v.push_back(c.step);
+    return v;
+  };
+  ASSERT_EQ(steps_on_disk(), (std::vector<int64_t>{2, 4, 6}));
+
+  auto older = prepare_resume(db, h->run_id, 2);
+  ASSERT_TRUE(older.ok()) << older.message();
+  EXPECT_EQ(steps_on_disk(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(steps_in_db(), (std::vector<int64_t>{2}));
+  cancel_token stop2;
+  collector second;
+  second.hook = [&](const engine_event& e) { stop_at(3)(e, stop2); };
+  ASSERT_EQ(execute_run(*older, second, stop2)->status, run_status::stopped);
+  EXPECT_EQ(steps_on_disk(), (std::vector<int64_t>{2, 3}));
+
+  auto plain = prepare_resume(db, h->run_id, std::nullopt);
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  EXPECT_EQ(plain->start_step, 3);
+  cancel_token never;
+  collector third;
+  auto done = execute_run(*plain, third, never);
+  ASSERT_TRUE(done.ok()) << done.message();
+  EXPECT_EQ(done->status, run_status::completed);
+  ASSERT_FALSE(third.all<step_event>().empty());
+  EXPECT_EQ(third.all<step_event>().front().step, 4);
+  expect_same_adapter(fs::path(cfg.run.output_dir) / "adapter", want);
 }
 
 // A device error inside a pipeline step fails the run (error value, status failed, run_finished

@@ -2,8 +2,10 @@
 // folders, and project-file schema migration.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "core/project/project.h"
 #include "core/runs/run_recorder.h"
 #include "core/runs/run_store.h"
+#include "core/runs/run_summary.h"
 #include "core/base/safetensors.h"
 
 using namespace lorapipe;
@@ -29,7 +32,15 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 new_run sample_run(const std::string& project = "/p/project.json") {
-  return {"demo", project, R"({"run":{"steps":3}})", "abc123", "/out", R"({"cores":2})", R"({"sqlite":"3"})", 3, 42};
+  return {"demo", project, R"({"run":{"steps":3}})", "abc123", "/out", R"({"cores":2})", R"({"sqlite":"3"})", 3, {"", 42, ""}};
+}
+
+// A run row as the first schemas stored it (begin_run writes the current columns).
+int64_t insert_old_run(run_store& old) {
+  old.db().exec("INSERT INTO projects(name, path, created_at) VALUES('demo', '/p/project.json', 'then');"
+                "INSERT INTO runs(project_id, status, config_json, config_hash, output_dir, hardware, versions, started_at, pid) "
+                "VALUES(1, 'running', '{}', 'abc123', '/out', '{}', '{}', 'then', 42)");
+  return old.db().last_insert_rowid();
 }
 
 }  // namespace
@@ -40,6 +51,7 @@ TEST(RunStore, SchemaWalForeignKeysAndRoundTrip) {
   EXPECT_EQ(s.version(), run_store::latest_version);
   EXPECT_EQ(s.db().query_text("PRAGMA journal_mode"), "wal");
   EXPECT_EQ(s.db().query_int("PRAGMA foreign_keys"), 1);
+  EXPECT_EQ(s.db().query_int("PRAGMA synchronous"), 2);  // FULL: every commit fsynced
   const int64_t id = s.begin_run(sample_run());
   run_batch b;
   b.metrics.push_back({1, 2.5, 1e-3, 0.7, 1000, 0.1, R"({"process_rss":123})", std::nullopt});
@@ -86,7 +98,7 @@ TEST(RunStore, MigratesAnOlderDatabaseKeepingItsRows) {
   {
     run_store v1(d / "runs.db", 5000, 1);  // a database written by the first schema
     EXPECT_EQ(v1.version(), 1);
-    id = v1.begin_run(sample_run());
+    id = insert_old_run(v1);
     EXPECT_THROW(v1.db().query_int("SELECT resumed_count FROM runs"), database_error);
   }
   run_store now(d / "runs.db");
@@ -95,7 +107,7 @@ TEST(RunStore, MigratesAnOlderDatabaseKeepingItsRows) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->project_name, "demo");
   EXPECT_EQ(r->resumed_count, 0);
-  now.mark_resumed(id, 7);
+  now.mark_resumed(id, this_process());
   EXPECT_EQ(now.get_run(id)->resumed_count, 1);
   EXPECT_EQ(now.db().query_int("SELECT count(*) FROM schema_version"), run_store::latest_version);
   // A database from a newer build is refused, not damaged.
@@ -131,6 +143,73 @@ TEST(RunStore, ReaderReadsWhileAWriterHoldsATransaction) {
   EXPECT_EQ(reader.metrics(id).size(), 2u);
 }
 
+// Front-ends read through a read-only connection: it opens while a run holds the write lock (a
+// writing connection would wait in its migration check and fail after its busy timeout), cannot write,
+// migrates an older database once, and refuses a missing one.
+TEST(RunStore, ReadOnlyReaderTakesNoLock) {
+  auto d = fresh_dir("reader");
+  EXPECT_THROW(run_store::open_reader(d / "runs.db"), database_error);
+  EXPECT_FALSE(fs::exists(d / "runs.db"));  // a reader creates nothing
+  int64_t id = 0;
+  {
+    run_store v2(d / "runs.db", 5000, 2);
+    id = insert_old_run(v2);
+  }
+  auto migrated = run_store::open_reader(d / "runs.db");
+  EXPECT_EQ(migrated.version(), run_store::latest_version);
+  EXPECT_EQ(migrated.get_run(id)->host, "");  // rows from before the column keep working
+
+  run_store writer(d / "runs.db");
+  writer.db().exec("BEGIN IMMEDIATE");
+  writer.db().exec("UPDATE runs SET last_step = 5");
+  auto reader = run_store::open_reader(d / "runs.db", 100);
+  EXPECT_EQ(reader.get_run(id)->last_step, 0);  // the committed state
+  try {
+    reader.set_status(id, "failed", "x");
+    FAIL() << "a reader wrote";
+  } catch (const database_error& e) {
+    EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+  }
+  writer.db().exec("COMMIT");
+  EXPECT_EQ(reader.get_run(id)->last_step, 5);
+}
+
+// A process is named by host, pid and start: a reused pid, an exited process and another host's
+// process are told apart (kill(pid, 0) alone took a reused pid for the run's process).
+TEST(RunStore, ProcessLivenessBeyondThePid) {
+  const auto me = this_process();
+  EXPECT_EQ(me.pid, ::getpid());
+  ASSERT_FALSE(me.host.empty());
+  ASSERT_FALSE(me.start.empty());
+  EXPECT_EQ(process_liveness(me), liveness::alive);
+  auto reused = me;
+  reused.start = me.start + "1";  // same pid, another start: the pid was reused
+  EXPECT_EQ(process_liveness(reused), liveness::gone);
+  auto elsewhere = me;
+  elsewhere.host = me.host + "-other";
+  EXPECT_EQ(process_liveness(elsewhere), liveness::unknown);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  EXPECT_EQ(process_liveness({me.host, child, me.start}), liveness::gone);
+  EXPECT_EQ(process_liveness({"", child, ""}), liveness::gone);  // legacy rows: the pid alone
+  if (::geteuid() != 0) {
+    EXPECT_EQ(process_liveness({"", 1, ""}), liveness::alive);  // EPERM is alive
+  }
+
+  auto d = fresh_dir("live");
+  run_store s(d / "runs.db");
+  auto r = sample_run();
+  r.process = reused;
+  const int64_t id = s.begin_run(r);
+  EXPECT_EQ(live_status(*s.get_run(id)), "crashed");
+  s.mark_resumed(id, me);
+  EXPECT_EQ(s.get_run(id)->process_start, me.start);
+  EXPECT_EQ(live_status(*s.get_run(id)), "running");
+}
+
 TEST(RunStore, NotADatabase) {
   auto d = fresh_dir("garbage");
   std::ofstream(d / "runs.db") << "this is not sqlite, just text that is long enough to be a header............";
@@ -163,6 +242,37 @@ TEST(RunRecorder, BatchesWritesOffTheCallingThreadAndSyncs) {
   EXPECT_LE(transactions, 3);  // 302 records in a handful of transactions, not one each
   EXPECT_EQ(s.checkpoints(id).size(), 1u);
   EXPECT_EQ(s.events(id).at(0).level, "warning");
+}
+
+// Another process holding the write lock past the busy timeout delays the recorder's commit; it no
+// longer fails the run.
+TEST(RunRecorder, RetriesWhileAnotherProcessHoldsTheLock) {
+  auto d = fresh_dir("busy");
+  run_store s(d / "runs.db", 20);
+  const int64_t id = s.begin_run(sample_run());
+  run_store holder(d / "runs.db");
+  holder.db().exec("BEGIN IMMEDIATE");
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    holder.db().exec("COMMIT");
+  });
+  int64_t retries = 0;
+  {
+    run_recorder rec(s, id, "data.txt", std::chrono::milliseconds(10));
+    rec.on_event(step_event{1, 3, 2.0, 1e-3, 0.5, 100, 0.1, 0, {}, 1 << 20, -1});
+    EXPECT_EQ(rec.sync(), "");
+    EXPECT_EQ(rec.finish(), "");
+    retries = rec.busy_retries();
+  }
+  release.join();
+  EXPECT_GT(retries, 0);
+  EXPECT_EQ(s.metrics(id).size(), 1u);
+  // Past its patience the failure is reported.
+  holder.db().exec("BEGIN IMMEDIATE");
+  run_recorder impatient(s, id, "data.txt", std::chrono::milliseconds(10), std::chrono::milliseconds(100));
+  impatient.on_event(step_event{2, 3, 2.0, 1e-3, 0.5, 100, 0.1, 0, {}, 1 << 20, -1});
+  EXPECT_NE(impatient.sync().find("locked"), std::string::npos);
+  holder.db().exec("COMMIT");
 }
 
 TEST(Checkpoint, CommitsAtomicallyAndVerifies) {
@@ -224,10 +334,39 @@ TEST(Checkpoint, KeepLastN) {
   EXPECT_EQ(left[0].step, 8);
   EXPECT_EQ(left[1].step, 10);
   EXPECT_TRUE(prune_checkpoints(root, 0)->empty());  // 0 = keep all
-  // Rewriting a step (a resumed run) replaces it whole.
-  ASSERT_TRUE(write_checkpoint(root, 10, [](const fs::path& d) { return write_file_atomic(d / "y", "2"); }).ok());
+  // Rewriting a step (a resumed run) replaces it whole: the old one is moved aside before the new one is
+  // renamed in and deleted only after, so a kill in between leaves it under .trash- and step 8 to resume.
+  auto write_y = [](const fs::path& d) { return write_file_atomic(d / "y", "2"); };
+  auto killed = [&] {
+    try {
+      (void)write_checkpoint(root, 10, write_y, [&](const char* site) {
+        if (std::string(site) == "checkpoint:replace") throw std::runtime_error("killed");
+      });
+    } catch (const std::runtime_error&) {
+      return true;
+    }
+    return false;
+  }();
+  ASSERT_TRUE(killed);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 2u) << testing::PrintToString(names);  // step-8 and the old step-10 aside (no .tmp-)
+  EXPECT_EQ(names[0].rfind(".trash-step-00000010-", 0), 0u) << names[0];
+  EXPECT_TRUE(fs::exists(root / names[0] / "x"));
+  EXPECT_EQ(list_checkpoints(root).back().step, 8);
+  sweep_checkpoint_leftovers(root);
+  ASSERT_TRUE(write_checkpoint(root, 10, [](const fs::path& d) { return write_file_atomic(d / "x", "1"); }).ok());
+  std::vector<std::string> sites;
+  ASSERT_TRUE(write_checkpoint(root, 10, write_y, [&](const char* site) { sites.emplace_back(site); }).ok());
+  EXPECT_EQ(sites.back(), "checkpoint:replace");
   EXPECT_TRUE(fs::exists(root / "step-00000010" / "y"));
   EXPECT_FALSE(fs::exists(root / "step-00000010" / "x"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(root), fs::directory_iterator()), 2);  // nothing left aside
+  // Abandoning a timeline removes the newer checkpoints, newest first.
+  EXPECT_EQ(remove_checkpoints_after(root, 8).value(), (std::vector<int64_t>{10}));
+  EXPECT_EQ(list_checkpoints(root).back().step, 8);
+  EXPECT_TRUE(remove_checkpoints_after(root, 8)->empty());
 }
 
 TEST(ProjectSchema, Version1IsMigrated) {

@@ -8,8 +8,10 @@ namespace fs = std::filesystem;
 
 result<std::vector<run_overview>> list_runs(const fs::path& database, int64_t limit) {
   return guarded([&]() -> result<std::vector<run_overview>> {
-    run_store s(database);
     std::vector<run_overview> out;
+    std::error_code ec;
+    if (!fs::exists(database, ec)) return out;  // nothing recorded yet
+    auto s = run_store::open_reader(database);
     for (auto& r : s.list_runs(limit)) {
       auto m = summarize_run(s, r.id);
       out.push_back({std::move(r), std::move(m)});
@@ -20,7 +22,7 @@ result<std::vector<run_overview>> list_runs(const fs::path& database, int64_t li
 
 result<run_details> show_run(const fs::path& database, int64_t run) {
   return guarded([&]() -> result<run_details> {
-    run_store s(database);
+    auto s = run_store::open_reader(database);
     auto d = load_run_details(s, run);
     if (!d) return make_error("no run {} in {}", run, s.db().path().string());
     return *d;
@@ -29,7 +31,7 @@ result<run_details> show_run(const fs::path& database, int64_t run) {
 
 result<run_comparison> compare_runs(const fs::path& database, int64_t a, int64_t b) {
   return guarded([&]() -> result<run_comparison> {
-    run_store s(database);
+    auto s = run_store::open_reader(database);
     for (int64_t id : {a, b})
       if (!s.get_run(id)) return make_error("no run {} in {}", id, s.db().path().string());
     return *compare_runs(s, a, b);
@@ -38,7 +40,7 @@ result<run_comparison> compare_runs(const fs::path& database, int64_t a, int64_t
 
 result<stored_run> stored_run_of(const fs::path& database, int64_t run) {
   return guarded([&]() -> result<stored_run> {
-    run_store s(database);
+    auto s = run_store::open_reader(database);
     auto rec = s.get_run(run);
     if (!rec) return make_error("no run {} in {}", run, s.db().path().string());
     LP_TRY_ASSIGN(cfg, parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json"));

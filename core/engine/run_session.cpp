@@ -120,7 +120,7 @@ result<run_handle> begin_run(const project_config& cfg, const std::string& proje
     h.database = database;
     run_store store(database);
     new_run nr{cfg.name, fs::absolute(project_path).lexically_normal().string(), project_to_json(h.config), config_hash(h.config),
-               h.config.run.output_dir, hardware_json(), versions_json(), cfg.run.steps, static_cast<int64_t>(::getpid())};
+               h.config.run.output_dir, hardware_json(), versions_json(), cfg.run.steps, this_process()};
     h.run_id = store.begin_run(nr);
     h.total_steps = cfg.run.steps;
     h.checkpoint_root = checkpoint_root_of(h.config.run.output_dir, h.run_id);
@@ -141,8 +141,16 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
       h.already_completed = true;
       return h;
     }
-    if (rec->status == "running" && rec->pid != ::getpid() && process_alive(rec->pid))
-      return make_error("run {} is still running (pid {})", run, rec->pid);
+    if (rec->status == "running" && rec->pid != ::getpid()) {
+      const auto who = rec->process();
+      switch (process_liveness(who)) {
+        case liveness::alive: return make_error("run {} is still running (pid {})", run, rec->pid);
+        case liveness::unknown:
+          return make_error("run {} is recorded as running on host {} (pid {}); this host cannot tell whether it still "
+                            "runs there: resume it on {}", run, who.host, who.pid, who.host);
+        case liveness::gone: break;
+      }
+    }
     auto cfg = parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json");
     if (!cfg) return make_error("run {}: stored configuration: {}", run, cfg.message());
     if (auto st = validate_project(*cfg); !st) return make_error("run {} can no longer run:\n{}", run, st.message());
@@ -153,8 +161,10 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
       h.resume_from = from->dir;
       h.start_step = from->step;
     }
+    // Newer checkpoints belong to the timeline this resume abandons: a later plain resume must not pick them.
+    LP_TRY(remove_checkpoints_after(h.checkpoint_root, h.start_step));
     store.truncate_after(run, h.start_step);
-    store.mark_resumed(run, ::getpid());
+    store.mark_resumed(run, this_process());
     return h;
   });
 }

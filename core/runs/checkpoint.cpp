@@ -96,15 +96,26 @@ result<checkpoint_info> write_checkpoint(const fs::path& root, int64_t step,
   at("checkpoint:manifest");
   LP_TRY(fsync_path(tmp, true));
   at("checkpoint:rename");
-  if (fs::exists(final_dir, ec)) {  // same step written again (a resumed run): move the old one aside
-    const fs::path trash = root / fmt::format(".trash-{}-{}", checkpoint_dir_name(step), ::getpid());
-    fs::rename(final_dir, trash, ec);
-    if (!ec) fs::remove_all(trash, ec);
+  // Same step written again (a resumed run): move the old one aside, rename the new one in, then delete
+  // the old one, so that a kill at any moment leaves one whole step-N (or, between the renames, the
+  // previous checkpoint to resume from and the old step-N under .trash-, swept later).
+  fs::path replaced;
+  if (fs::exists(final_dir, ec)) {
+    replaced = root / fmt::format(".trash-{}-{}", checkpoint_dir_name(step), ::getpid());
+    fs::remove_all(replaced, ec);
+    fs::rename(final_dir, replaced, ec);
+    if (ec) return make_error("{}: cannot move the old checkpoint aside: {}", final_dir.string(), ec.message());
+    at("checkpoint:replace");
   }
   fs::rename(tmp, final_dir, ec);
-  if (ec) return make_error("{}: cannot commit checkpoint: {}", final_dir.string(), ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    if (!replaced.empty()) fs::rename(replaced, final_dir, ec);  // put the old one back
+    return make_error("{}: cannot commit checkpoint: {}", final_dir.string(), why);
+  }
   guard.committed = true;
   if (auto st = fsync_path(root, true); !st) return st.err();
+  if (!replaced.empty()) fs::remove_all(replaced, ec);
   return checkpoint_info{step, final_dir, sha256_hex(manifest.data(), manifest.size()),
                          total + static_cast<int64_t>(manifest.size())};
 }
@@ -157,19 +168,38 @@ std::vector<checkpoint_info> list_checkpoints(const fs::path& root) {
   return out;
 }
 
+namespace {
+// Rename first: a kill during the recursive delete leaves a .trash folder, never a partial step-N.
+status remove_checkpoint_dir(const fs::path& root, const fs::path& dir) {
+  std::error_code ec;
+  const fs::path trash = root / fmt::format(".trash-{}-{}", dir.filename().string(), ::getpid());
+  fs::rename(dir, trash, ec);
+  if (ec) return make_error("{}: cannot remove checkpoint: {}", dir.string(), ec.message());
+  fs::remove_all(trash, ec);
+  return ok_status();
+}
+}  // namespace
+
 result<std::vector<int64_t>> prune_checkpoints(const fs::path& root, int64_t keep) {
   std::vector<int64_t> removed;
   if (keep <= 0) return removed;
   auto all = list_checkpoints(root);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
-    // Rename first: a kill during the recursive delete leaves a .trash folder, never a partial step-N.
-    std::error_code ec;
-    const fs::path trash = root / fmt::format(".trash-{}-{}", all[i].dir.filename().string(), ::getpid());
-    fs::rename(all[i].dir, trash, ec);
-    if (ec) return make_error("{}: cannot remove old checkpoint: {}", all[i].dir.string(), ec.message());
-    fs::remove_all(trash, ec);
+    LP_TRY(remove_checkpoint_dir(root, all[i].dir));
     removed.push_back(all[i].step);
   }
+  return removed;
+}
+
+result<std::vector<int64_t>> remove_checkpoints_after(const fs::path& root, int64_t step) {
+  std::vector<int64_t> removed;
+  auto all = list_checkpoints(root);
+  for (auto it = all.rbegin(); it != all.rend() && it->step > step; ++it) {  // newest first
+    LP_TRY(remove_checkpoint_dir(root, it->dir));
+    removed.push_back(it->step);
+  }
+  if (!removed.empty())
+    if (auto st = fsync_path(root, true); !st) return st.err();
   return removed;
 }
 

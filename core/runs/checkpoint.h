@@ -22,7 +22,8 @@ struct checkpoint_info {
   int64_t bytes = 0;  // all files incl. the manifest
 };
 
-// Called at named points of a write ("checkpoint:file", "checkpoint:manifest", "checkpoint:rename");
+// Called at named points of a write ("checkpoint:file", "checkpoint:manifest", "checkpoint:rename",
+// "checkpoint:replace" between moving an old same-step checkpoint aside and renaming the new one in);
 // the kill test uses it to stop the process at exact moments.
 using probe_fn = std::function<void(const char* site)>;
 
@@ -37,6 +38,9 @@ result<checkpoint_info> verify_checkpoint(const std::filesystem::path& dir);
 std::vector<checkpoint_info> list_checkpoints(const std::filesystem::path& root);
 // Keeps the newest `keep` checkpoints (keep <= 0: all); returns the steps removed.
 result<std::vector<int64_t>> prune_checkpoints(const std::filesystem::path& root, int64_t keep);
+// Removes every checkpoint newer than `step` (a resume from an older checkpoint abandons their timeline);
+// returns the steps removed, newest first.
+result<std::vector<int64_t>> remove_checkpoints_after(const std::filesystem::path& root, int64_t step);
 // Removes leftovers of killed writes (.tmp-*, .trash-*).
 void sweep_checkpoint_leftovers(const std::filesystem::path& root);
 

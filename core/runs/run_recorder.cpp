@@ -1,6 +1,7 @@
 // Batched, off-thread persistence of engine events: see run_recorder.h.
 #include "core/runs/run_recorder.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include <fmt/format.h>
@@ -21,8 +22,9 @@ std::string utc_now_iso() {
   return fmt::format("{}.{:03d}Z", buf, ms);
 }
 
-run_recorder::run_recorder(run_store& store, int64_t run_id, std::string dataset, std::chrono::milliseconds flush_interval)
-    : store_(store), run_(run_id), dataset_(std::move(dataset)), interval_(flush_interval) {
+run_recorder::run_recorder(run_store& store, int64_t run_id, std::string dataset, std::chrono::milliseconds flush_interval,
+                           std::chrono::milliseconds busy_patience)
+    : store_(store), run_(run_id), dataset_(std::move(dataset)), interval_(flush_interval), busy_patience_(busy_patience) {
   thread_ = std::thread([this] { writer_loop(); });
 }
 
@@ -82,6 +84,22 @@ std::string run_recorder::finish() {
   return error_;
 }
 
+std::string run_recorder::commit(const run_batch& batch) {
+  const auto give_up = std::chrono::steady_clock::now() + busy_patience_;
+  auto wait = std::chrono::milliseconds(50);
+  for (;;) {
+    try {
+      store_.write(run_, batch);  // one transaction: a refused one left nothing behind
+      return "";
+    } catch (const database_error& e) {
+      if (!e.locked() || std::chrono::steady_clock::now() + wait > give_up) return e.what();
+    }
+    ++busy_retries_;
+    std::this_thread::sleep_for(wait);
+    wait = std::min(wait * 2, std::chrono::milliseconds(2000));
+  }
+}
+
 void run_recorder::writer_loop() {
   std::unique_lock lock(mu_);
   for (;;) {
@@ -97,12 +115,7 @@ void run_recorder::writer_loop() {
     const uint64_t seq = queued_seq_;
     urgent_ = false;
     lock.unlock();
-    std::string err;
-    try {
-      store_.write(run_, batch);
-    } catch (const database_error& e) {
-      err = e.what();
-    }
+    const std::string err = commit(batch);
     lock.lock();
     ++transactions_;
     if (!err.empty() && error_.empty()) error_ = err;

@@ -64,6 +64,9 @@ const std::vector<std::string>& migrations() {
       R"(ALTER TABLE runs ADD COLUMN resumed_count INTEGER NOT NULL DEFAULT 0;
          ALTER TABLE runs ADD COLUMN last_step INTEGER NOT NULL DEFAULT 0;
          CREATE INDEX events_by_run ON events(run_id, id);)",
+      // 3: the process that runs a run, beyond its pid (process_identity.h).
+      R"(ALTER TABLE runs ADD COLUMN host TEXT NOT NULL DEFAULT '';
+         ALTER TABLE runs ADD COLUMN process_start TEXT NOT NULL DEFAULT '';)",
   };
   return m;
 }
@@ -86,12 +89,14 @@ run_record read_run(sqlite_stmt& s) {
   r.error = s.column_text(13);
   r.resumed_count = s.column_int(14);
   r.last_step = s.column_int(15);
+  r.host = s.column_text(16);
+  r.process_start = s.column_text(17);
   return r;
 }
 
 constexpr const char* run_columns =
     "r.id, p.name, p.path, r.status, r.config_json, r.config_hash, r.output_dir, r.hardware, r.versions, "
-    "r.started_at, coalesce(r.ended_at,''), r.pid, r.total_steps, r.error, r.resumed_count, r.last_step "
+    "r.started_at, coalesce(r.ended_at,''), r.pid, r.total_steps, r.error, r.resumed_count, r.last_step, r.host, r.process_start "
     "FROM runs r JOIN projects p ON p.id = r.project_id";
 
 }  // namespace
@@ -106,13 +111,39 @@ fs::path default_database_path() {
 run_store::run_store(const fs::path& path, int busy_timeout_ms, int64_t target_version) {
   std::error_code ec;
   if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);
-  db_ = std::make_unique<sqlite_db>(path, true, busy_timeout_ms);
+  db_ = std::make_unique<sqlite_db>(path, sqlite_db::mode::read_write_create, busy_timeout_ms);
   db_->exec("PRAGMA foreign_keys = ON");
   // WAL: readers never block the writer and a killed writer leaves a consistent database.
   if (db_->query_text("PRAGMA journal_mode = WAL") != "wal")
     throw database_error(fmt::format("{}: cannot switch the database to WAL mode", path.string()), 0);
-  db_->exec("PRAGMA synchronous = NORMAL");
+  // FULL: each commit is fsynced, so the metrics a checkpoint's sync() waited for survive a power loss
+  // (NORMAL may roll back the last transactions in WAL mode). The recorder batches, so this costs little.
+  db_->exec("PRAGMA synchronous = FULL");
   migrate(target_version);
+}
+
+run_store run_store::open_reader(const fs::path& path, int busy_timeout_ms) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw database_error(fmt::format("{}: no run database here (no run recorded yet)", path.string()), 14);
+  auto db = std::make_unique<sqlite_db>(path, sqlite_db::mode::read_only, busy_timeout_ms);
+  const int64_t have = db->query_int("SELECT count(*) FROM sqlite_master WHERE name = 'schema_version'") == 0
+                           ? 0
+                           : db->query_int("SELECT coalesce(max(version), 0) FROM schema_version");
+  if (have < latest_version) {  // older schema: migrate once, then read without locks
+    db.reset();
+    run_store(path, busy_timeout_ms);
+    db = std::make_unique<sqlite_db>(path, sqlite_db::mode::read_only, busy_timeout_ms);
+  }
+  run_store reader(std::move(db));
+  reader.refuse_newer(reader.version());
+  return reader;
+}
+
+void run_store::refuse_newer(int64_t have) {
+  if (have > latest_version)
+    throw database_error(fmt::format("{}: database schema version {} is newer than this build understands ({}); use a newer lorapipe",
+                                     db_->path().string(), have, latest_version),
+                         0);
 }
 
 int64_t run_store::version() {
@@ -126,10 +157,7 @@ void run_store::migrate(int64_t target) {
     t.commit();
   }
   const int64_t have = version();
-  if (have > latest_version)
-    throw database_error(fmt::format("{}: database schema version {} is newer than this build understands ({}); use a newer lorapipe",
-                                     db_->path().string(), have, latest_version),
-                         0);
+  refuse_newer(have);
   const auto& m = migrations();
   for (int64_t v = have + 1; v <= target && v <= static_cast<int64_t>(m.size()); ++v) {
     sqlite_txn t(*db_);
@@ -154,15 +182,18 @@ int64_t run_store::begin_run(const new_run& r) {
     return s.column_int(0);
   }();
   sqlite_stmt(*db_, fmt::format("INSERT INTO runs(project_id, status, config_json, config_hash, output_dir, hardware, versions, "
-                                "started_at, pid, total_steps) VALUES(?, 'running', ?, ?, ?, ?, ?, {}, ?, ?)", now_sql))
+                                "started_at, pid, total_steps, host, process_start) VALUES(?, 'running', ?, ?, ?, ?, ?, {}, ?, ?, ?, ?)",
+                                now_sql))
       .bind(1, project)
       .bind(2, r.config_json)
       .bind(3, r.config_hash)
       .bind(4, r.output_dir)
       .bind(5, r.hardware)
       .bind(6, r.versions)
-      .bind(7, r.pid)
+      .bind(7, r.process.pid)
       .bind(8, r.total_steps)
+      .bind(9, r.process.host)
+      .bind(10, r.process.start)
       .exec();
   const int64_t id = db_->last_insert_rowid();
   t.commit();
@@ -181,12 +212,14 @@ void run_store::set_status(int64_t run, const std::string& status, const std::st
   t.commit();
 }
 
-void run_store::mark_resumed(int64_t run, int64_t pid) {
+void run_store::mark_resumed(int64_t run, const process_identity& by) {
   sqlite_txn t(*db_);
-  sqlite_stmt(*db_, "UPDATE runs SET status = 'running', error = '', ended_at = NULL, pid = ?, "
+  sqlite_stmt(*db_, "UPDATE runs SET status = 'running', error = '', ended_at = NULL, pid = ?, host = ?, process_start = ?, "
                     "resumed_count = resumed_count + 1 WHERE id = ?")
-      .bind(1, pid)
-      .bind(2, run)
+      .bind(1, by.pid)
+      .bind(2, by.host)
+      .bind(3, by.start)
+      .bind(4, run)
       .exec();
   t.commit();
 }
@@ -195,6 +228,7 @@ void run_store::truncate_after(int64_t run, int64_t step) {
   sqlite_txn t(*db_);
   sqlite_stmt(*db_, "DELETE FROM metrics WHERE run_id = ? AND step > ?").bind(1, run).bind(2, step).exec();
   sqlite_stmt(*db_, "DELETE FROM evaluations WHERE run_id = ? AND step > ? AND split = 'val'").bind(1, run).bind(2, step).exec();
+  sqlite_stmt(*db_, "DELETE FROM checkpoints WHERE run_id = ? AND step > ?").bind(1, run).bind(2, step).exec();
   sqlite_stmt(*db_, "UPDATE runs SET last_step = ? WHERE id = ?").bind(1, step).bind(2, run).exec();
   t.commit();
 }

@@ -1,6 +1,7 @@
 // The run database (SQLite): projects, runs (config snapshot, status, config hash, hardware
 // fingerprint, library versions), metrics per step, evaluations, checkpoints and events. WAL mode
-// (a reader such as the GUI reads while a run writes), foreign keys on, schema migrations recorded
+// (a reader such as the GUI reads while a run writes), synchronous=FULL (a committed row survives a
+// power loss, like the fsynced checkpoint it describes), foreign keys on, schema migrations recorded
 // in a version table. One database per user by default (XDG data dir). Failures throw
 // database_error (errors.h); the CLI catches it at its boundary.
 #pragma once
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/runs/process_identity.h"
 #include "core/runs/sqlite_db.h"
 
 namespace lorapipe {
@@ -24,6 +26,8 @@ struct run_record {
   std::string config_json, config_hash, output_dir, hardware, versions, error;
   std::string started_at, ended_at;
   int64_t pid = 0, resumed_count = 0, total_steps = 0, last_step = 0;
+  std::string host, process_start;  // with pid: the process that runs (or ran) it (process_identity.h)
+  process_identity process() const { return {host, pid, process_start}; }
 };
 
 struct metric_row {
@@ -67,22 +71,27 @@ struct run_batch {
 struct new_run {
   std::string project_name, project_path, config_json, config_hash, output_dir, hardware, versions;
   int64_t total_steps = 0;
-  int64_t pid = 0;
+  process_identity process;
 };
 
 class run_store {
  public:
-  static constexpr int64_t latest_version = 2;
+  static constexpr int64_t latest_version = 3;
   // Opens or creates the database and migrates it to target_version (tests pass older versions).
   // A database written by a newer build is refused.
   explicit run_store(const std::filesystem::path& path, int busy_timeout_ms = 5000, int64_t target_version = latest_version);
+  // A read-only connection for front-ends (runs list/show/compare, the GUI): takes no lock and runs no
+  // migration, so it opens while a run writes. A missing database is an error; one of an older schema is
+  // migrated once through a writing connection first; a newer one is refused.
+  static run_store open_reader(const std::filesystem::path& path, int busy_timeout_ms = 5000);
 
   int64_t version();
   int64_t begin_run(const new_run& r);
   // status: running | completed | failed | interrupted; ended sets ended_at.
   void set_status(int64_t run, const std::string& status, const std::string& error);
-  void mark_resumed(int64_t run, int64_t pid);
-  // Resume: metrics and evaluations after `step` belong to the lost tail and are recomputed.
+  void mark_resumed(int64_t run, const process_identity& by);
+  // Resume: metrics, evaluations and checkpoints after `step` belong to the lost tail (or to the timeline
+  // a resume from an older checkpoint abandons) and are recomputed.
   void truncate_after(int64_t run, int64_t step);
   void write(int64_t run, const run_batch& b);  // one transaction
 
@@ -98,7 +107,9 @@ class run_store {
   void set_probe(std::function<void(const char*)> p) { probe_ = std::move(p); }
 
  private:
+  explicit run_store(std::unique_ptr<sqlite_db> db) : db_(std::move(db)) {}
   void migrate(int64_t target);
+  void refuse_newer(int64_t have);
   std::unique_ptr<sqlite_db> db_;
   std::function<void(const char*)> probe_;
 };

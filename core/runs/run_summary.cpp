@@ -1,8 +1,6 @@
 // Run summaries and comparisons: see run_summary.h.
 #include "core/runs/run_summary.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -36,11 +34,10 @@ std::map<std::string, std::pair<json, json>> differences(const std::string& a, c
 
 }  // namespace
 
-bool process_alive(int64_t pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) == 0; }
-
-// A run whose process died without setting a final status shows as "crashed".
+// A run whose process died without setting a final status shows as "crashed" (one recorded on another
+// host stays "running": this host cannot tell).
 std::string live_status(const run_record& r) {
-  return r.status == "running" && r.pid > 0 && !process_alive(r.pid) ? "crashed" : r.status;
+  return r.status == "running" && process_liveness(r.process()) == liveness::gone ? "crashed" : r.status;
 }
 
 

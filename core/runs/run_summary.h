@@ -17,7 +17,6 @@
 
 namespace lorapipe {
 
-bool process_alive(int64_t pid);  // the process that recorded a "running" run still exists
 std::string live_status(const run_record& r);
 
 struct metric_summary {

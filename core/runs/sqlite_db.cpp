@@ -26,8 +26,11 @@ void sqlite_db::fail(int code, const std::string& what) const {
   throw database_error(fmt::format("{}: {}{}", path_.string(), describe(code, msg), what.empty() ? "" : " in: " + what), code);
 }
 
-sqlite_db::sqlite_db(const std::filesystem::path& path, bool create, int busy_timeout_ms) : path_(path) {
-  const int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX;
+sqlite_db::sqlite_db(const std::filesystem::path& path, mode m, int busy_timeout_ms) : path_(path) {
+  const int access = m == mode::read_only         ? SQLITE_OPEN_READONLY
+                     : m == mode::read_write_create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+                                                    : SQLITE_OPEN_READWRITE;
+  const int flags = access | SQLITE_OPEN_NOMUTEX;
   const int rc = sqlite3_open_v2(path.c_str(), &db_, flags, nullptr);
   if (rc != SQLITE_OK) {
     const std::string msg = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);

@@ -53,7 +53,9 @@ class sqlite_db {
  public:
   // Opens (creating when allowed) the database file; busy_timeout_ms: how long a write waits for
   // another connection's lock before failing with a "locked" database_error.
-  sqlite_db(const std::filesystem::path& path, bool create, int busy_timeout_ms);
+  // read_only: no write is possible through this connection (and none takes a lock).
+  enum class mode { read_write, read_write_create, read_only };
+  sqlite_db(const std::filesystem::path& path, mode m, int busy_timeout_ms);
   ~sqlite_db();
   sqlite_db(const sqlite_db&) = delete;
   sqlite_db& operator=(const sqlite_db&) = delete;

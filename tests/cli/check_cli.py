@@ -32,6 +32,17 @@ def expect_clean_error(cli, name, args, needle, stdin=None, env=None):
     check(f"bad input: {name}", ok, f"rc={rc} stderr={err.strip()[:300]!r}")
 
 
+def table_rows(db):
+    """Every row of every table of the run database, to see that a refused command changed nothing stored."""
+    import sqlite3
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        return {name: con.execute(f'SELECT * FROM "{name}" ORDER BY rowid').fetchall() for name in tables}
+    finally:
+        con.close()
+
+
 def run_store_checks(cli, stories, corpus, t):
     """Run database, runs list/show/compare, eval, resume and their bad inputs (LORAPIPE_DB is set)."""
     db = os.environ["LORAPIPE_DB"]
@@ -116,6 +127,7 @@ def run_store_checks(cli, stories, corpus, t):
 
     # Bad input that must not lose what is stored.
     before = run(cli, "runs", "list", "--json")[1]
+    rows_before = table_rows(db)
     ro = os.path.join(t, "readonly")
     os.makedirs(ro)
     made_ro = False
@@ -136,9 +148,8 @@ def run_store_checks(cli, stories, corpus, t):
     expect_clean_error(cli, "database locked by another process", ["train", p_kill], "locked by another process")
     holder.rollback()
     holder.close()
-    with open(db, "rb") as f:
-        pass
-    check("nothing stored is lost by refused commands", run(cli, "runs", "list", "--json")[1] == before)
+    check("nothing stored is lost by refused commands", run(cli, "runs", "list", "--json")[1] == before
+          and table_rows(db) == rows_before, f"{table_rows(db)} vs {rows_before}")
     con = sqlite3.connect(db)
     check("run database integrity_check", con.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
     con.close()
@@ -318,9 +329,16 @@ def main():
         proj["data"]["format"] = "csv"
         json.dump(proj, open(p_quiz, "w"))
         expect_clean_error(cli, "multi: unknown data.format", ["validate", p_quiz], "data.format: must be")
-        rc, out, err = run(cli, "generate", "--model", os.path.join(stories, "hf"), "--chat", "--prompt", "What is the capital of France?",
-                           "--max-new-tokens", "8")
-        check("generate --chat", rc == 0 and len(out.strip()) > 0, err)
+        # --chat renders the prompt as a user turn through the chat template (the built-in one: this model has
+        # none): the same continuation as the rendered text given by hand, another one than the bare question.
+        question = "What is the capital of France?"
+        gen = ["generate", "--model", os.path.join(stories, "hf"), "--max-new-tokens", "16", "--temperature", "0"]
+        rc, chat_out, err = run(cli, *gen, "--chat", "--system", "Answer briefly.", "--prompt", question)
+        rc2, by_hand, _ = run(cli, *gen, "--prompt", f"Answer briefly.\n\nUser: {question}\nAssistant:")
+        rc3, bare, _ = run(cli, *gen, "--prompt", question)
+        check("generate --chat renders system and user turns through the chat template",
+              rc == rc2 == rc3 == 0 and chat_out.strip() != "" and chat_out == by_hand and chat_out != bare,
+              f"chat={chat_out!r} by hand={by_hand!r} bare={bare!r} {err[-300:]}")
         run_store_checks(cli, stories, corpus, t)
 
     n_fail = RESULTS.count(False)
