@@ -8,13 +8,15 @@ namespace lorapipe {
 copy_engine::copy_engine(std::string name, double bytes_per_s, double latency_s)
     : name_(std::move(name)), bytes_per_s_(bytes_per_s), latency_s_(latency_s), thread_([this] { run(); }) {}
 
-copy_engine::~copy_engine() {
+copy_engine::~copy_engine() { stop(); }
+
+void copy_engine::stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::shared_future<void> copy_engine::submit(size_t bytes, std::function<void()> job) {

@@ -24,6 +24,9 @@ class copy_engine {
   // Runs job() on the engine thread; the copy then takes at least bytes/bandwidth + latency.
   // An exception thrown by the job is delivered through the future.
   std::shared_future<void> submit(size_t bytes, std::function<void()> job);
+  // Runs what is queued, then joins the thread (idempotent; the destructor calls it). Devices call it
+  // first in their destructors, before anything a queued copy may touch goes away.
+  void stop();
   double busy_seconds() const;
   size_t bytes_copied() const;
   const std::string& name() const { return name_; }

@@ -24,15 +24,23 @@ cpu_device::cpu_device(int index, const cpu_device_options& o)
       wup_(name_ + "/h2d-weights", o.copy_bytes_per_s, o.copy_latency_s),
       up_(name_ + "/h2d", o.copy_bytes_per_s, o.copy_latency_s),
       down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s),
-      threads_(o.compute_threads) {
+      threads_(o.compute_threads),
+      fault_(o.copy_fault) {
   staging_ = staging_pool::create(name_ + "/staging", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
 }
 
-cpu_device::~cpu_device() { detach_weight_arena(); }
+cpu_device::~cpu_device() {
+  for (copy_engine* e : {&wup_, &up_, &down_}) e->stop();  // queued copies may still use the arenas
+  detach_weight_arena();
+}
 
-at::Tensor cpu_device::copy_in(const at::Tensor& host) { return host.clone(); }
+at::Tensor cpu_device::copy_in(const at::Tensor& host) {
+  if (fault_) fault_("copy_in");
+  return host.clone();
+}
 
 at::Tensor cpu_device::copy_out(const at::Tensor& on_device) {
+  if (fault_) fault_("copy_out");
   const at::Tensor src = on_device.contiguous();
   const size_t bytes = src.numel() * src.element_size();
   auto block = staging_->acquire(bytes);
@@ -40,7 +48,10 @@ at::Tensor cpu_device::copy_out(const at::Tensor& on_device) {
   return at::from_blob(block.get(), src.sizes(), [block](void*) {}, src.options());
 }
 
-at::Tensor cpu_device::copy_from_peer(compute_device&, const at::Tensor& src) { return src.clone(); }
+at::Tensor cpu_device::copy_from_peer(compute_device&, const at::Tensor& src) {
+  if (fault_) fault_("copy_from_peer");
+  return src.clone();
+}
 
 void cpu_device::enter_compute_thread() { at::set_num_threads(threads_); }
 

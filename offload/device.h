@@ -7,6 +7,7 @@
 // placement, accounting and release logic is shared (device.cpp) and so runs in the CPU tests.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +103,9 @@ struct cpu_device_options {
   double copy_bytes_per_s = 0;              // per copy engine; 0 = unthrottled
   double copy_latency_s = 0;
   int compute_threads = 1;
+  // Test hook: called with "copy_in", "copy_out" or "copy_from_peer" before each such copy; may throw
+  // (a failing transfer).
+  std::function<void(const char* what)> copy_fault;
 };
 
 // A CPU "virtual device": tensors stay in host RAM, but every byte is accounted in the arena, frozen
@@ -132,6 +136,7 @@ class cpu_device final : public compute_device {
   memory_arena arena_;
   copy_engine wup_, up_, down_;
   int threads_;
+  std::function<void(const char*)> fault_;
 };
 
 // "cpu", "cpu:N" -> N CPU virtual devices; "cuda:0,1,.." -> CUDA devices (CUDA builds with a GPU;

@@ -76,7 +76,11 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     }
   }
   if (s.cancel_between_steps_only() && cancel_requested(s.po.cancel)) return make_error("cancelled");
-  s.mailbox.clear();
+  {
+    std::lock_guard lock(s.mu);
+    ++s.generation;
+    s.mailbox.clear();
+  }
   s.host.clear();
   s.backward_left = s.total_backward;
   s.failed = false;

@@ -106,6 +106,9 @@ struct pipeline_executor::impl {
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::tuple<char, int32_t, int32_t, int32_t>, async_tensor> mailbox;  // (A|G, boundary, micro, dest)
+  // Step number: a delivery made for an earlier step (none should outlive its step's drain) is dropped
+  // rather than handed to the next step's receive with a matching key.
+  uint64_t generation = 0;
   std::map<std::pair<int32_t, int32_t>, async_tensor> host;                    // offloaded checkpoints
   int32_t backward_left = 0;
   bool failed = false;
@@ -188,6 +191,11 @@ struct pipeline_executor::impl {
     return out;
   }
 
+  // A failure on a copy-engine thread, named after the device whose copy failed.
+  void fail_on(const compute_device& d, const std::exception& e) {
+    const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+    fail(fmt::format("{}: {}", d.name(), c10e != nullptr ? c10e->what_without_backtrace() : e.what()));
+  }
   void fail(const std::string& msg) {
     std::lock_guard lock(mu);
     if (!failed) {

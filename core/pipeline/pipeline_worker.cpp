@@ -277,15 +277,20 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
   const size_t bytes = nbytes(t.get());
   compute_device* to = devs[peer];
   compute_device* from = &c.dev;
-  auto deliver = [this, to, bytes, kind, boundary, m, peer](auto&& copy) {
+  const uint64_t gen = [&] {
+    std::lock_guard lock(mu);
+    return generation;
+  }();
+  auto deliver = [this, to, bytes, kind, boundary, m, peer, gen](auto&& copy) {
     try {
       auto mem = std::make_shared<arena_block>(to->arena(), bytes);
       auto on_device = async_tensor::ready(copy(), mem);
       std::lock_guard lock(mu);
+      if (gen != generation) return;
       mailbox[{kind, boundary, m, peer}] = on_device;
       cv.notify_all();
     } catch (const std::exception& e) {
-      fail(e.what());
+      fail_on(*to, e);
     }
   };
   const transport_kind link = link_kind(c.d, peer);
@@ -297,9 +302,14 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
     c.dev.download().submit(bytes, [t, from, to, deliver] { deliver([&] { return to->copy_from_peer(*from, t.get()); }); });
     return;
   }
+  // Nobody waits on these futures: a failing copy must fail the step itself, or the receiver waits forever.
   auto host_copy = std::make_shared<at::Tensor>();
-  c.dev.download().submit(bytes, [t, host_copy, bytes, from, to, deliver] {
-    *host_copy = from->copy_out(t.get());
+  c.dev.download().submit(bytes, [this, t, host_copy, bytes, from, to, deliver] {
+    try {
+      *host_copy = from->copy_out(t.get());
+    } catch (const std::exception& e) {
+      return fail_on(*from, e);
+    }
     to->upload().submit(bytes, [host_copy, to, deliver] { deliver([&] { return to->copy_in(*host_copy); }); });
   });
 }

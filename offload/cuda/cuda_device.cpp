@@ -49,6 +49,8 @@ class cuda_device final : public compute_device {
   }
 
   ~cuda_device() override {
+    // Engines first: a queued copy may still use the streams, the staging pool or registered memory.
+    for (copy_engine* e : {&wup_, &up_, &down_}) e->stop();
     detach_weight_arena();
     std::lock_guard lock(mu_);
     for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
