@@ -326,7 +326,8 @@ TEST(Engine, ResumeFromAnOlderCheckpointAbandonsTheNewerOnes) {
   };
   auto steps_in_db = [&] {
     std::vector<int64_t> v;
-    for (const auto& c : show_run(db, h->run_id)->checkpoints) v.push_back(c.step);
+    const auto details = show_run(db, h->run_id).value();
+    for (const auto& c : details.checkpoints) v.push_back(c.step);
     return v;
   };
   ASSERT_EQ(steps_on_disk(), (std::vector<int64_t>{2, 4, 6}));

@@ -20,6 +20,8 @@
 #include "core/pipeline/schedule_sim.h"
 #include "core/train/trainer.h"
 #include "core/pipeline/transport.h"
+#include "core/train/pipeline_setup.h"
+#include "tests/test_observer.h"
 #include "tests/test_paths.h"
 
 namespace fs = std::filesystem;
@@ -197,9 +199,10 @@ TEST(Pipeline, EveryScheduleMatchesSingleDeviceGradientsAndStep) {
 
 TEST(Pipeline, LossCurveOver20StepsMatchesSingleDevice) {
   struct rec : observer {
-    std::vector<double> losses;
+    std::vector<double> losses, val;
     void on_event(const engine_event& e) override {
       if (auto* s = std::get_if<step_event>(&e)) losses.push_back(s->loss);
+      if (auto* v = std::get_if<eval_event>(&e)) val.push_back(v->val_loss);
     }
   };
   auto base = project_config{};
@@ -208,7 +211,7 @@ TEST(Pipeline, LossCurveOver20StepsMatchesSingleDevice) {
   base.data.seq_len = 64;
   base.run.steps = 20;
   base.run.batch_size = 8;
-  base.run.eval_interval = 0;
+  base.run.eval_interval = 10;  // validation before, at 10 and at 20: on the pipeline devices for pipelines
   base.run.eval_batches = 2;
   base.run.sample_tokens = 0;
   base.run.threads = 2;
@@ -233,6 +236,9 @@ TEST(Pipeline, LossCurveOver20StepsMatchesSingleDevice) {
     std::printf("%-12s %s: 20-step loss curve max diff vs single device %.2e (first %.4f last %.4f)\n", sched.c_str(), devs.c_str(),
                 worst, r.losses.front(), r.losses.back());
     EXPECT_LE(worst, 1e-4) << sched;
+    ASSERT_EQ(r.val.size(), single.val.size());
+    ASSERT_GE(r.val.size(), 3u);
+    for (size_t i = 0; i < r.val.size(); ++i) EXPECT_NEAR(r.val[i], single.val[i], 1e-4) << sched << " validation " << i;
   }
 }
 
@@ -427,4 +433,61 @@ TEST(PipelineFailure, ACopyThatThrowsMidStepFailsCleanly) {
       ex.reset();
     }
   }
+}
+
+// Validation on the pipeline devices: the forward half of each program scores a masked batch like the
+// host (summed cross-entropy, LoRA dropout off), the weight arenas change hands between the training
+// and evaluation executors and training steps on afterwards; through a project's rig, a short batch
+// is padded with ignored rows.
+TEST(Pipeline, ForwardOnlyProgramScoresLikeTheHost) {
+  at::set_num_threads(2);
+  const auto& f = fx();
+  auto y = f.y.clone();
+  y.slice(1, 0, 12).fill_(-100);  // a prompt part that is not trained
+  y.slice(0, 5, 6).fill_(-100);   // and a row with no label at all
+  for (const auto& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    auto a = f.adapters();
+    a.cfg.dropout = 0.5;  // must not apply when evaluating
+    const double want = [&] {
+      torch::NoGradGuard ng;
+      return causal_lm_loss_sum(forward(f.w, &a, f.x), y).item<double>();
+    }();
+    std::vector<std::unique_ptr<compute_device>> devs;
+    std::vector<compute_device*> raw;
+    for (int i = 0; i < c.prog.num_devices(); ++i) {
+      devs.push_back(std::make_unique<cpu_device>(i, cpu_device_options{}));
+      raw.push_back(devs.back().get());
+    }
+    pipeline_executor train(f.w, a, c.prog, raw, {}, c.po);
+    pipeline_executor eval(f.w, a, forward_only(c.prog), raw, {}, c.po);
+    auto mbs = split(f.x, y, c.prog.micro_batches);
+    for (auto& m : mbs) m.loss_scale = 1.0;
+    ASSERT_TRUE(train.step(mbs, 0.0, 0.0, false).ok());
+    train.release_weights();
+    for (auto* d : raw) EXPECT_EQ(d->weight_arena() != nullptr ? d->weight_arena()->used() : 0u, 0u);
+    auto r = eval.step(mbs, 0.0, 0.0, false);
+    ASSERT_TRUE(r.ok()) << r.message();
+    EXPECT_NEAR(r->loss, want, 1e-5 * want);
+    eval.release_weights();
+    ASSERT_TRUE(train.step(mbs, 0.0, 0.0, false).ok());
+  }
+
+  project_config cfg;
+  cfg.model.path = (test_data_dir() / "models/stories260K/hf").string();
+  cfg.parallel.schedule = "1f1b";
+  cfg.parallel.devices = "cpu:2";
+  cfg.parallel.micro_batches = 4;
+  cfg.run.batch_size = 8;
+  auto a = f.adapters();
+  event_log sink;
+  auto rig = build_pipeline(cfg, f.w, a, sink, {});
+  ASSERT_TRUE(rig.ok()) << rig.message();
+  auto x5 = f.x.slice(0, 0, 5), y5 = y.slice(0, 0, 5);
+  const double want5 = [&] {
+    torch::NoGradGuard ng;
+    return causal_lm_loss_sum(forward(f.w, &a, x5), y5).item<double>();
+  }();
+  pipeline_validation scope(*rig);
+  EXPECT_NEAR(pipeline_batch_loss(*rig, x5, y5, 8), want5, 1e-5 * want5);
 }

@@ -60,6 +60,35 @@ TEST(Schedule, GeneratorsAreStructurallySoundAndSimulate) {
       }
 }
 
+// The forward half of every program (validation on the pipeline devices): the same forwards and
+// activation sends, nothing of the backward, every PREFETCH used by a FORWARD before its RELEASE, and
+// it simulates without deadlock.
+TEST(Schedule, ForwardOnlyKeepsTheForwardHalf) {
+  for (const auto& name : schedule_names())
+    for (int p : {1, 2, 3, 4})
+      for (bool offload : {false, true}) {
+        SCOPED_TRACE(name + " p=" + std::to_string(p) + (offload ? " offload" : ""));
+        auto train = make_schedule(name, 12, opts(p, 4 * p, offload)).value();
+        const program fwd = forward_only(train);
+        EXPECT_EQ(fwd.num_devices(), train.num_devices());
+        for (op k : {op::forward, op::send_act, op::recv_act}) EXPECT_EQ(count(fwd, k), count(train, k));
+        for (op k : {op::backward, op::recompute, op::send_grad, op::recv_grad, op::offload_act, op::reload_act, op::optimizer_step})
+          EXPECT_EQ(count(fwd, k), 0);
+        for (size_t d = 0; d < fwd.devices.size(); ++d) {
+          std::map<int32_t, bool> open;  // stage -> prefetched and not yet used by a forward
+          for (const auto& in : fwd.devices[d]) {
+            if (in.kind == op::prefetch_weights) open[in.stage] = true;
+            if (in.kind == op::forward) open[in.stage] = false;
+            if (in.kind == op::release_weights) EXPECT_FALSE(open[in.stage]) << "device " << d << " stage " << in.stage;
+          }
+        }
+        if (count(train, op::prefetch_weights) > 0) EXPECT_GT(count(fwd, op::prefetch_weights), 0);
+        EXPECT_LE(count(fwd, op::prefetch_weights), count(train, op::prefetch_weights));
+        auto sim = simulate(fwd, uniform_costs(fwd, 1.0, 2.0));
+        EXPECT_TRUE(sim.ok) << sim.error << "\n" << sim.grid;
+      }
+}
+
 TEST(Schedule, TextFormRoundTrips) {
   for (const auto& name : schedule_names()) {
     auto prog = make_schedule(name, 8, opts(2, 4, true));

@@ -49,6 +49,11 @@ void pipeline_executor::resync_master() {
   for (size_t i = 0; i < params.size(); ++i) s.master[i].copy_(params[i]);
 }
 
+void pipeline_executor::release_weights() {
+  for (auto* d : d_->devs) d->weight_upload().submit(0, [] {}).wait();
+  for (auto& m : d_->on_device) m.clear();
+}
+
 pipeline_executor::~pipeline_executor() {
   if (d_->pending.valid()) d_->pending.wait();
   // Copies still in flight reference this executor (deliveries into its mailbox): every download

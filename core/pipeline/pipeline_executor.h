@@ -42,7 +42,9 @@ struct instr_timing {
 };
 
 struct pipeline_step_result {
-  double loss = 0;       // mean over micro-batches
+  // Mean over micro-batches; with loss_scale > 0 the step's summed cross-entropy times loss_scale
+  // (loss_scale 1: the summed cross-entropy over the labels, as validation wants it).
+  double loss = 0;
   double grad_norm = 0;  // before clipping
   double seconds = 0;
   std::vector<size_t> peak_bytes;  // per device arena peak during the step (weight arena included)
@@ -96,6 +98,9 @@ class pipeline_executor {
   // Async optimizer: after LoRA weights were loaded into the parameters (resume), the master copy
   // the background step updates takes them over. No-op otherwise.
   void resync_master();
+  // Waits for weight uploads and drops every stage's weights kept resident between steps, emptying
+  // the weight arenas: another executor (evaluation) can then use the same devices.
+  void release_weights();
 
   struct impl;  // core/pipeline/pipeline_impl.h (internal)
 

@@ -76,7 +76,8 @@ const micro_batch& impl::mb(worker_ctx& c, int32_t m) {
 }
 
 layer_context impl::context(worker_ctx& c, int32_t m) const {
-  return layer_context{w.cfg, c.rope, &c.lora, true, c.mbs[m].dropout_seed};
+  // A forward-only program (evaluation) has no BACKWARD: no LoRA dropout.
+  return layer_context{w.cfg, c.rope, &c.lora, !backwarded.empty(), c.mbs[m].dropout_seed};
 }
 
 at::Tensor impl::take(worker_ctx& c, char k, int32_t b, int32_t m) {

@@ -295,6 +295,58 @@ result<program> make_round_robin(const std::vector<stage_def>& fwd, const std::v
   return b.p;
 }
 
+namespace {
+bool forward_kind(op k) {
+  switch (k) {
+    case op::load_micro_batch:
+    case op::prefetch_weights:
+    case op::release_weights:
+    case op::forward:
+    case op::send_act:
+    case op::recv_act: return true;
+    case op::recompute:
+    case op::backward:
+    case op::send_grad:
+    case op::recv_grad:
+    case op::offload_act:
+    case op::reload_act:
+    case op::optimizer_step: return false;
+  }
+  return false;
+}
+
+// A PREFETCH whose stage runs no FORWARD before that stage's next RELEASE (or the end) loads weights
+// only the backward used: it goes, with that RELEASE.
+std::vector<instr> drop_unused_prefetches(const std::vector<instr>& list) {
+  std::vector<bool> drop(list.size(), false);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].kind != op::prefetch_weights) continue;
+    bool used = false;
+    size_t j = i + 1;
+    for (; j < list.size() && !(list[j].stage == list[i].stage && list[j].kind == op::release_weights); ++j)
+      used = used || (list[j].stage == list[i].stage && list[j].kind == op::forward);
+    if (used) continue;
+    drop[i] = true;
+    if (j < list.size()) drop[j] = true;
+  }
+  std::vector<instr> out;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (!drop[i]) out.push_back(list[i]);
+  return out;
+}
+}  // namespace
+
+program forward_only(const program& training) {
+  program p{training.schedule + "/forward", training.micro_batches, training.stages, {}};
+  for (const auto& list : training.devices) {
+    std::vector<instr> kept;
+    for (const auto& in : list)
+      if (forward_kind(in.kind)) kept.push_back(in);
+    p.devices.push_back(drop_unused_prefetches(kept));
+  }
+  return p;
+}
+
 const std::vector<std::string>& schedule_names() {
   static const std::vector<std::string> names{"gpipe", "1f1b", "interleaved", "round-robin"};
   return names;

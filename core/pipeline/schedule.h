@@ -83,6 +83,11 @@ result<program> make_round_robin(const std::vector<stage_def>& forward_stages,
 // By name: gpipe, 1f1b, interleaved, round-robin (with default partitions for n_layers).
 result<program> make_schedule(const std::string& name, int32_t n_layers, const schedule_options& o);
 const std::vector<std::string>& schedule_names();
+// The forward half of a training program, for evaluation on the same devices and stages: each
+// device keeps its LOAD_MICRO_BATCH, FORWARD, SEND_ACT, RECV_ACT and the PREFETCH/RELEASE pairs of
+// the stages it runs forward (in the training order); backward, recompute, gradient transfers,
+// offloads and optimizer steps are dropped.
+program forward_only(const program& training);
 
 // Text form: header lines "schedule NAME micro_batches M", "stage i first last [embed] [head]",
 // then "dN: instr instr ...". parse(to_text(p)) == p.

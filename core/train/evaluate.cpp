@@ -78,7 +78,14 @@ int64_t trained_labels(const at::Tensor& y) { return y.ne(-100).sum().item<int64
 
 eval_result evaluate_windows(const llama_weights& w, const lora_adapters* lora, const token_windows& set, int64_t batch,
                              int64_t max_batches, observer& obs, int64_t step, const cancel_token* cancel) {
-  torch::NoGradGuard no_grad;
+  return evaluate_windows(set, batch, max_batches, obs, step, cancel, [&](const at::Tensor& x, const at::Tensor& y) {
+    torch::NoGradGuard no_grad;
+    return causal_lm_loss(forward(w, lora, x), y).item<double>() * static_cast<double>(trained_labels(y));
+  });
+}
+
+eval_result evaluate_windows(const token_windows& set, int64_t batch, int64_t max_batches, observer& obs, int64_t step,
+                             const cancel_token* cancel, const batch_scorer& score) {
   double sum = 0;
   int64_t count = 0;
   const int64_t n = set.size();
@@ -92,8 +99,7 @@ eval_result evaluate_windows(const llama_weights& w, const lora_adapters* lora, 
     auto [x, y] = make_batch(set, idx);
     const int64_t labels = trained_labels(y);
     if (labels == 0) continue;
-    auto loss = causal_lm_loss(forward(w, lora, x), y);
-    sum += loss.item<double>() * static_cast<double>(labels);
+    sum += score(x, y);
     count += labels;
   }
   obs.on_event(phase_event{phase::evaluating, batches, batches, step, {}});

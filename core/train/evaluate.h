@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,7 +60,12 @@ struct eval_result {
   int64_t tokens = 0;  // label tokens scored
 };
 // Validation over `set` (max_batches > 0: only that many batches), phase events per batch; throws
-// cancelled_error on a cancel request.
+// cancelled_error on a cancel request. `score` returns a batch's summed cross-entropy over its labels
+// (inputs, labels: i64 [b,T], b <= batch).
+using batch_scorer = std::function<double(const at::Tensor& x, const at::Tensor& y)>;
+eval_result evaluate_windows(const token_windows& set, int64_t batch, int64_t max_batches, observer& obs, int64_t step,
+                             const cancel_token* cancel, const batch_scorer& score);
+// ... scored on the host weights.
 eval_result evaluate_windows(const llama_weights& w, const lora_adapters* lora, const token_windows& set, int64_t batch,
                              int64_t max_batches, observer& obs, int64_t step, const cancel_token* cancel);
 

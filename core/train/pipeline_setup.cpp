@@ -3,6 +3,9 @@
 
 #include <map>
 
+#include <torch/torch.h>
+
+#include "core/base/errors.h"
 #include "core/pipeline/cost_model.h"
 #include "core/pipeline/transport.h"
 
@@ -72,6 +75,9 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   rig.executor = std::make_unique<pipeline_executor>(
       w, lora, std::move(*prog), raw,
       adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay}, po);
+  pipeline_options eval_po;
+  eval_po.transports = links;
+  rig.evaluator = std::make_unique<pipeline_executor>(w, lora, forward_only(kept), raw, adamw_config{}, eval_po);
   rig.bubble_ratio = check.bubble_ratio;
   rig.plan = describe_plan(kept, raw, rig.executor->weight_plan(), stage_bytes, links, check);
   std::string arenas;
@@ -109,6 +115,22 @@ trace_event make_trace_event(const program& p, const pipeline_step_result& r, co
   for (const auto& iv : sim.timeline)
     te.predicted.push_back({iv.device, instr_to_text(iv.in), iv.start_s, iv.end_s, plan.stages[iv.in.stage].weight_bytes});
   return te;
+}
+
+double pipeline_batch_loss(pipeline_rig& rig, const at::Tensor& x, const at::Tensor& y, int64_t batch) {
+  at::Tensor xs = x, ys = y;  // i64 [batch,T]
+  if (x.size(0) < batch) {
+    const int64_t pad = batch - x.size(0);
+    xs = torch::cat({x, x.slice(0, 0, 1).expand({pad, x.size(1)})});
+    ys = torch::cat({y, torch::full({pad, y.size(1)}, -100, y.options())});
+  }
+  const int32_t m = rig.evaluator->prog().micro_batches;
+  auto xc = xs.chunk(m), yc = ys.chunk(m);
+  std::vector<micro_batch> mbs;
+  for (size_t i = 0; i < xc.size(); ++i) mbs.push_back({xc[i].contiguous(), yc[i].contiguous(), /*loss_scale=*/1.0, 0});
+  auto r = rig.evaluator->step(mbs, 0.0, 0.0, false);
+  if (!r) throw lorapipe_error("validation on the pipeline: " + r.message());
+  return r->loss;  // loss_scale 1: the summed cross-entropy
 }
 
 }  // namespace lorapipe

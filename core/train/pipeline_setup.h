@@ -18,12 +18,29 @@ namespace lorapipe {
 struct pipeline_rig {
   std::vector<std::unique_ptr<compute_device>> devices;  // outlive the executor (declared first)
   std::unique_ptr<pipeline_executor> executor;
+  std::unique_ptr<pipeline_executor> evaluator;  // forward_only(program) on the same devices: validation
   plan_event plan;
   double bubble_ratio = -1;  // simulated with unit costs
 };
 
 result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
                                     const pipeline_options& base);
+
+// Validation on the pipeline devices: the batch's summed cross-entropy over its labels through the
+// forward-only program (inputs, labels: i64 [b,T], b <= batch; padded to `batch` with rows whose labels
+// are all ignored). Call release_weights() on the training executor before a validation's first batch
+// and on the evaluator after its last (pipeline_validation does both). Throws on failure.
+double pipeline_batch_loss(pipeline_rig& rig, const at::Tensor& x, const at::Tensor& y, int64_t batch);
+class pipeline_validation {  // scope of one validation: the devices' weight arenas change hands
+ public:
+  explicit pipeline_validation(pipeline_rig& rig) : rig_(rig) { rig_.executor->release_weights(); }
+  ~pipeline_validation() { rig_.evaluator->release_weights(); }
+  pipeline_validation(const pipeline_validation&) = delete;
+  pipeline_validation& operator=(const pipeline_validation&) = delete;
+
+ private:
+  pipeline_rig& rig_;
+};
 
 // The measured timeline of one step next to the simulator's prediction for the same program, with
 // per-stage compute costs calibrated from this very measurement (mean F, R, B time per stage).

@@ -191,7 +191,17 @@ class trainer {
   // Validation at `at`; a stop during it leaves eval_pending set for the checkpoint.
   double validate(int64_t at) {
     eval_pending_ = true;
-    auto r = evaluate_windows(in_->weights, &lora_, in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_);
+    // On the pipeline devices when training runs there (the same program's forward half); on the host
+    // weights otherwise.
+    auto r = [&] {
+      if (!rig_.evaluator)
+        return evaluate_windows(in_->weights, &lora_, in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_);
+      pipeline_validation scope(rig_);
+      return evaluate_windows(in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_,
+                              [&](const at::Tensor& x, const at::Tensor& y) {
+                                return pipeline_batch_loss(rig_, x, y, cfg_.run.batch_size);
+                              });
+    }();
     eval_pending_ = false;
     obs_.on_event(eval_event{at, r.loss, r.tokens});
     return r.loss;
