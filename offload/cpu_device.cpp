@@ -1,7 +1,10 @@
 // CPU virtual devices: see device.h.
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 #include <sstream>
 
@@ -84,11 +87,12 @@ bool nccl_available() {
 #endif
 }
 
-status enable_nccl(const std::vector<compute_device*>& devices) {
+status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links) {
 #ifdef LORAPIPE_HAS_NCCL
-  return enable_cuda_nccl(devices);
+  return enable_cuda_nccl(devices, links);
 #else
   (void)devices;
+  (void)links;
   return make_error("parallel.transport: nccl: this build has no NCCL (configure with LORAPIPE_WITH_CUDA=ON)");
 #endif
 }
@@ -107,8 +111,20 @@ result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::str
   std::vector<std::unique_ptr<compute_device>> out;
   if (!ds.gpus.empty()) {
 #ifdef LORAPIPE_HAS_CUDA
+    std::map<int, size_t> free_b;
+    for (int g : ds.gpus) {
+      if (free_b.count(g)) continue;
+      LP_TRY_ASSIGN(f, cuda_free_bytes(g));
+      free_b[g] = f;
+    }
+    // 90% of each GPU's free memory, split between the pipeline devices on it (an explicit capacity,
+    // from tests, applies to each device as given).
+    auto budget = split_gpu_memory(ds.gpus, [&](int g) { return free_b.at(g); }, 0.9);
+    const size_t ram = static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    auto pinned = make_cuda_pinned_registry(o.pinned_budget_bytes > 0 ? o.pinned_budget_bytes : ram / 2);
     for (size_t i = 0; i < ds.gpus.size(); ++i) {
-      auto d = make_cuda_device(static_cast<int>(i), ds.gpus[i], o);
+      const size_t capacity = o.capacity_bytes < (size_t{1} << 40) ? o.capacity_bytes : budget[i];
+      auto d = make_cuda_device(static_cast<int>(i), ds.gpus[i], capacity, pinned, o);
       if (!d) return d.err();
       out.push_back(std::move(*d));
     }

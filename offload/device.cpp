@@ -2,8 +2,11 @@
 // staging statistics. See device.h.
 #include "offload/device.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include <ATen/ATen.h>
@@ -113,5 +116,31 @@ at::Tensor compute_device::nccl_recv(int, at::IntArrayRef, at::ScalarType) {
 }
 
 staging_stats compute_device::staging() const { return staging_ ? staging_->stats() : staging_stats{}; }
+
+std::vector<std::string> memory_plan_warnings(const std::vector<compute_device*>& devices) {
+  std::map<int, size_t> planned, measured;
+  for (auto* d : devices) {
+    const auto peak = d->measured_gpu_peak_bytes();
+    if (!peak) continue;
+    planned[d->gpu()] += d->arena().peak();
+    measured[d->gpu()] = std::max(measured[d->gpu()], *peak);
+  }
+  for (auto* d : devices)
+    if (d->measured_gpu_peak_bytes() && d->weight_arena() != nullptr) measured[d->gpu()] += d->weight_arena()->capacity();
+  std::vector<std::string> out;
+  for (const auto& [gpu, p] : planned)
+    if (auto w = plan_drift_warning(fmt::format("cuda:{}", gpu), p, measured[gpu])) out.push_back(*w);
+  for (auto* d : devices) d->reset_measured_peak();
+  return out;
+}
+
+std::optional<std::string> plan_drift_warning(const std::string& gpu, size_t planned_bytes, size_t measured_bytes) {
+  const double p = static_cast<double>(planned_bytes), m = static_cast<double>(measured_bytes);
+  if (p <= 0 || std::abs(m - p) <= 0.05 * p) return std::nullopt;
+  return fmt::format("{}: the memory plan charged {:.1f} MiB at the peak of the first step but the GPU held {:.1f} MiB ({:+.0f}%): "
+                     "memory the plan does not see (logits, LoRA copies, workspaces) or a plan too generous; "
+                     "offload.device_memory_mb may need adjusting",
+                     gpu, p / 1048576.0, m / 1048576.0, 100.0 * (m - p) / p);
+}
 
 }  // namespace lorapipe

@@ -9,7 +9,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -47,6 +49,11 @@ class compute_device {
   virtual int compute_threads() const = 0;
   virtual c10::Device torch_device() const = 0;
   virtual int gpu() const { return -1; }  // the CUDA ordinal behind the device; -1 on CPU
+  // CUDA: the caching allocator's peak on the GPU behind this device since the last reset (the weight
+  // arenas are allocated apart from it); nullopt on CPU, where the arena is the memory. Compared with
+  // the memory plan after the first step (memory_plan_warnings).
+  virtual std::optional<size_t> measured_gpu_peak_bytes() const { return std::nullopt; }
+  virtual void reset_measured_peak() {}
   // Run on the copy engines' threads: the returned tensor is complete when the call returns.
   // copy_out lands in the staging pool (exact size; pinned on CUDA).
   virtual at::Tensor copy_in(const at::Tensor& host) = 0;
@@ -61,6 +68,9 @@ class compute_device {
   // (the received tensor is ready for this device's compute stream). Others throw device_error.
   virtual void nccl_send(int peer, const at::Tensor& t);
   virtual at::Tensor nccl_recv(int peer, at::IntArrayRef sizes, at::ScalarType dtype);
+  // After a failure: aborts this device's NCCL communicators (ncclCommAbort), so that kernels and host
+  // waits blocked on a peer that will never post end with an error. Idempotent; no-op without NCCL.
+  virtual void abort_communication() {}
 
   // Weight arena: reserves exactly `bytes` of device memory for the device's lifetime, charged to
   // arena() (so activations get the rest). A second call with the same or a smaller size keeps the
@@ -103,6 +113,8 @@ struct cpu_device_options {
   double copy_bytes_per_s = 0;              // per copy engine; 0 = unthrottled
   double copy_latency_s = 0;
   int compute_threads = 1;
+  // CUDA: host bytes streamed weights may page-lock, shared by the pipeline's devices (0 = half of RAM).
+  size_t pinned_budget_bytes = 0;
   // Test hook: called with "copy_in", "copy_out" or "copy_from_peer" before each such copy; may throw
   // (a failing transfer).
   std::function<void(const char* what)> copy_fault;
@@ -154,8 +166,17 @@ inline std::vector<device_facts> facts_of(const std::vector<compute_device*>& de
 bool gpu_peer_access(int from, int to);
 // Whether this build has the NCCL transport.
 bool nccl_available();
-// Creates one NCCL communicator per device (rank = position) for the nccl transport: CUDA devices
-// on distinct GPUs only.
-status enable_nccl(const std::vector<compute_device*>& devices);
+// Creates the NCCL communicators of the nccl transport: one two-rank communicator per link direction
+// (from, to) (device positions), the sender rank 0, so that a link carries only its own sends and
+// receives and no order of operations across links can deadlock (see sim_costs::rendezvous). CUDA
+// devices on distinct GPUs only.
+status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links);
+
+// After a step: per GPU, the arena peaks the plan charged its pipeline devices against the allocator
+// peak plus their weight arenas (plan_drift_warning); resets the measured peaks.
+std::vector<std::string> memory_plan_warnings(const std::vector<compute_device*>& devices);
+// Plan against measurement on one GPU: a warning when what the GPU held differs from what the memory
+// plan charged its pipeline devices by more than 5% (nullopt within it).
+std::optional<std::string> plan_drift_warning(const std::string& gpu, size_t planned_bytes, size_t measured_bytes);
 
 }  // namespace lorapipe

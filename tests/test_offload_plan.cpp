@@ -3,13 +3,17 @@
 // per-link transport choice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
+#include "offload/device_facts.h"
 #include "offload/memory_arena.h"
+#include "offload/pinned_registry.h"
 #include "offload/staging_pool.h"
 
 using namespace lorapipe;
@@ -157,6 +161,91 @@ TEST(Transport, ChosenPerLinkWithAReason) {
   auto nccl = choose_transports(g, gpus, "nccl", access, true).value();
   for (const auto& l : nccl) EXPECT_EQ(l.kind, transport_kind::nccl);
   EXPECT_FALSE(choose_transports(g, {cpus[0], gpus[1], cpus[2]}, "auto", nullptr).ok());  // mixed device kinds
+}
+
+// NCCL runs a communicator's operations in order, and past its buffer sizes a send waits for its
+// receive. With one communicator carrying both directions between two devices (ncclCommInitAll's),
+// 1F1B on two GPUs deadlocks: each device sends before it receives from the other. With one
+// communicator per direction (what the executor makes) every generator runs under these semantics.
+TEST(Transport, NcclCommunicatorPerDirectionCannotDeadlock) {
+  int shared_deadlocks = 0, programs = 0;
+  for (int devices : {2, 3, 4})
+    for (const auto& name : schedule_names())
+      for (bool offload : {false, true}) {
+        schedule_options o;
+        o.devices = devices;
+        o.micro_batches = 2 * devices;
+        o.offload_activations = offload;
+        auto made = make_schedule(name, 8, o);
+        ASSERT_TRUE(made.ok()) << name << " x" << devices << ": " << made.message();
+        SCOPED_TRACE(name + " x" + std::to_string(devices));
+        std::vector<device_facts> gpus;
+        for (int i = 0; i < devices; ++i) gpus.push_back({"cuda:" + std::to_string(i), i});
+        auto links = choose_transports(*made, gpus, "nccl", nullptr, true).value();
+        sim_costs c = uniform_costs(*made, 1, 2);
+        c.act_bytes = 1 << 20;
+        c.d2h_bytes_per_s = c.h2d_bytes_per_s = 1e9;
+        c.rendezvous = nccl_links(links);
+        EXPECT_EQ(c.rendezvous.size(), links.size());
+        const auto per_direction = simulate(*made, c);
+        EXPECT_TRUE(per_direction.ok) << per_direction.error << "\n" << per_direction.grid;
+        c.shared_pair_communicator = true;
+        const auto shared = simulate(*made, c);
+        ++programs;
+        if (!shared.ok) {
+          ++shared_deadlocks;
+          EXPECT_NE(shared.error.find("deadlock"), std::string::npos) << shared.error;
+        }
+        if (name == "1f1b" && devices == 2) {
+          EXPECT_FALSE(shared.ok);
+        }
+      }
+  std::printf("nccl: %d of %d programs deadlock with one communicator per device pair, none with one per direction\n",
+              shared_deadlocks, programs);
+}
+
+// cuda:0,0 used to give each of its two pipeline devices 90% of GPU 0's free memory (180% in all):
+// the pipeline devices on one GPU share its budget.
+TEST(DeviceMemory, PipelineDevicesOnOneGpuShareItsBudget) {
+  const std::map<int, size_t> free_b{{0, 20'000}, {1, 10'000}};
+  auto of = [&](int g) { return free_b.at(g); };
+  EXPECT_EQ(split_gpu_memory({0, 0}, of, 0.9), (std::vector<size_t>{9'000, 9'000}));
+  EXPECT_EQ(split_gpu_memory({0, 1}, of, 0.9), (std::vector<size_t>{18'000, 9'000}));
+  EXPECT_EQ(split_gpu_memory({0, 1, 0, 0}, of, 0.9), (std::vector<size_t>{6'000, 9'000, 6'000, 6'000}));
+  size_t on_gpu0 = 0;
+  for (size_t b : split_gpu_memory({0, 0, 0}, of, 0.9)) on_gpu0 += b;
+  EXPECT_LE(on_gpu0, 18'000u);
+}
+
+// Page-locked weights under a budget, shared by a pipeline's devices: each buffer registered once,
+// nothing beyond the budget (the device copies those through its bounce buffer), buffers someone
+// else pinned counted but never unregistered here, everything released with the registry.
+TEST(DeviceMemory, PinnedRegistryKeepsToItsBudget) {
+  using pin_result = pinned_registry::pin_result;
+  std::vector<const void*> registered, unregistered;
+  std::vector<char> a(100), b(100), c(50), other(10);
+  {
+    pinned_registry r(
+        160,
+        [&](void* p, size_t) {
+          if (p == other.data()) return pin_result::pinned_elsewhere;
+          registered.push_back(p);
+          return pin_result::pinned;
+        },
+        [&](void* p) { unregistered.push_back(p); });
+    EXPECT_TRUE(r.acquire(a.data(), a.size()));
+    EXPECT_TRUE(r.acquire(a.data(), a.size()));   // a second device: the same registration
+    EXPECT_FALSE(r.acquire(b.data(), b.size()));  // 200 > 160: over the budget
+    EXPECT_TRUE(r.acquire(c.data(), c.size()));
+    EXPECT_TRUE(r.acquire(other.data(), other.size()));
+    EXPECT_EQ(r.pinned_bytes(), 160u);
+    EXPECT_EQ(r.refused(), 1u);
+    EXPECT_EQ(registered, (std::vector<const void*>{a.data(), c.data()}));
+    EXPECT_TRUE(unregistered.empty());
+  }
+  std::sort(unregistered.begin(), unregistered.end());
+  std::sort(registered.begin(), registered.end());
+  EXPECT_EQ(unregistered, registered);  // not `other`
 }
 
 TEST(Transport, NcclNeedsSendsInTheOrderTheyAreReceived) {

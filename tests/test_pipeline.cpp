@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -490,4 +492,47 @@ TEST(Pipeline, ForwardOnlyProgramScoresLikeTheHost) {
   }();
   pipeline_validation scope(*rig);
   EXPECT_NEAR(pipeline_batch_loss(*rig, x5, y5, 8), want5, 1e-5 * want5);
+}
+
+// A transfer that hangs (a stuck link): the watchdog fails the step once no device has finished an
+// instruction for watchdog_s, naming where each device stands; the devices recover for the next step.
+TEST(PipelineFailure, WatchdogEndsAStepThatStopsMoving) {
+  at::set_num_threads(2);
+  const auto& f = fx();
+  schedule_options o;
+  o.devices = 2;
+  o.micro_batches = 4;
+  auto prog = make_schedule("1f1b", 5, o).value();
+  std::atomic<bool> hang{true};
+  cpu_device_options dopt;
+  dopt.copy_fault = [&](const char* what) {
+    if (std::string(what) == "copy_out" && hang.exchange(false)) std::this_thread::sleep_for(std::chrono::seconds(4));
+  };
+  cpu_device d0(0, dopt), d1(1, {});
+  auto a = f.adapters();
+  pipeline_options po;
+  po.watchdog_s = 1.0;
+  pipeline_executor ex(f.w, a, prog, {&d0, &d1}, {}, po);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = ex.step(split(f.x, f.y, 4), 0.0, 0.0, false);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("watchdog: no instruction finished for 1 s; cpu:0 at step"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("cpu:1 at step"), std::string::npos) << r.message();
+  EXPECT_LT(took, 30.0);  // the hung copy (4 s) is waited for, not the rest of the step
+  auto again = ex.step(split(f.x, f.y, 4), 0.0, 0.0, false);
+  ASSERT_TRUE(again.ok()) << again.message();
+}
+
+// The memory plan against a GPU's measured peak: within 5% nothing; beyond, a warning naming the GPU
+// and both figures. CPU devices have no separate measurement (their arena is the memory).
+TEST(PipelineMemory, PlanDriftBeyondFivePercentIsReported) {
+  EXPECT_FALSE(plan_drift_warning("cuda:0", 100 << 20, 104 << 20).has_value());
+  EXPECT_FALSE(plan_drift_warning("cuda:0", 100 << 20, 96 << 20).has_value());
+  auto w = plan_drift_warning("cuda:1", 100 << 20, 130 << 20);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_NE(w->find("cuda:1: the memory plan charged 100.0 MiB"), std::string::npos) << *w;
+  EXPECT_NE(w->find("held 130.0 MiB (+30%)"), std::string::npos) << *w;
+  cpu_device d0(0, {}), d1(1, {});
+  EXPECT_TRUE(memory_plan_warnings({&d0, &d1}).empty());
 }

@@ -49,6 +49,30 @@ void pipeline_executor::resync_master() {
   for (size_t i = 0; i < params.size(); ++i) s.master[i].copy_(params[i]);
 }
 
+void pipeline_executor::impl::watch_workers() {
+  std::unique_lock lock(mu);
+  uint64_t seen = progress;
+  auto last_change = clock_type::now();
+  while (workers_left > 0) {
+    const auto poll = po.watchdog_s > 0 ? std::chrono::duration<double>(std::min(1.0, po.watchdog_s / 4)) : std::chrono::duration<double>(1.0);
+    cv.wait_for(lock, poll);
+    if (progress != seen) {
+      seen = progress;
+      last_change = clock_type::now();
+      continue;
+    }
+    if (po.watchdog_s <= 0 || failed || std::chrono::duration<double>(clock_type::now() - last_change).count() < po.watchdog_s) continue;
+    std::string where;
+    for (size_t d = 0; d < devs.size(); ++d)
+      if (pc[d] >= 0)
+        where += fmt::format("{}{} at step {} ({})", where.empty() ? "" : ", ", devs[d]->name(), pc[d],
+                             instr_to_text(prog.devices[d][static_cast<size_t>(pc[d])]));
+    lock.unlock();
+    fail(fmt::format("watchdog: no instruction finished for {:g} s; {}", po.watchdog_s, where));
+    lock.lock();
+  }
+}
+
 void pipeline_executor::release_weights() {
   for (auto* d : d_->devs) d->weight_upload().submit(0, [] {}).wait();
   for (auto& m : d_->on_device) m.clear();
@@ -101,18 +125,26 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   }
   const int main_threads = at::get_num_threads();
   s.t0 = clock_type::now();
+  {
+    std::lock_guard lock(s.mu);
+    s.pc.assign(s.devs.size(), 0);
+    s.workers_left = static_cast<int32_t>(s.devs.size());
+  }
   std::vector<std::thread> threads;
   for (int32_t d = 0; d < static_cast<int32_t>(s.devs.size()); ++d)
     threads.emplace_back([&, d] {
       try {
         s.worker(d, mbs, lr, max_grad_norm, apply_optimizer);
       } catch (const aborted&) {
-      } catch (const c10::Error& e) {
-        s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what_without_backtrace()));
       } catch (const std::exception& e) {
-        s.fail(fmt::format("{}: {}", s.devs[d]->name(), e.what()));
+        s.fail_on(*s.devs[d], e);
       }
+      std::lock_guard lock(s.mu);
+      s.pc[d] = -1;
+      --s.workers_left;
+      s.cv.notify_all();
     });
+  s.watch_workers();
   for (auto& t : threads) t.join();
   // Let in-flight activation copies finish before their memory and tensors go away. Weight uploads
   // may continue: the cross-iteration prefetch overlaps whatever runs between steps, and the next

@@ -68,6 +68,9 @@ struct pipeline_options {
   // With an nccl link it is checked once, before the step starts (a device leaving mid-step would
   // leave its peer's send or receive unmatched).
   const cancel_token* cancel = nullptr;
+  // Watchdog: a step in which no device finishes an instruction for this long fails, naming each
+  // device's instruction, and NCCL communicators are aborted so that waits on the GPU end (0 = off).
+  double watchdog_s = 600;
   // Test hook: called with "pipeline:instruction" before every instruction of every device.
   std::function<void(const char* site)> probe;
 };

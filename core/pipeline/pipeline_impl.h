@@ -161,9 +161,10 @@ struct pipeline_executor::impl {
       stage_bytes.push_back(layout_block(sizes, weight_alignment).bytes);
     }
     weight_plan = plan_weight_arenas(prog, stage_bytes, weight_alignment);
+    uses_nccl = cancel_between_steps_only();
   }
 
-  bool cancel_between_steps_only() const {
+  bool cancel_between_steps_only() const {  // any nccl link
     for (const auto& l : po.transports)
       if (l.kind == transport_kind::nccl) return true;
     return false;
@@ -191,19 +192,34 @@ struct pipeline_executor::impl {
     return out;
   }
 
+  // Watchdog bookkeeping (under mu): instructions started so far, each device's position (-1: done).
+  uint64_t progress = 0;
+  std::vector<int64_t> pc;
+  int32_t workers_left = 0;
+  bool uses_nccl = false;
+
   // A failure on a copy-engine thread, named after the device whose copy failed.
   void fail_on(const compute_device& d, const std::exception& e) {
     const auto* c10e = dynamic_cast<const c10::Error*>(&e);
     fail(fmt::format("{}: {}", d.name(), c10e != nullptr ? c10e->what_without_backtrace() : e.what()));
   }
   void fail(const std::string& msg) {
-    std::lock_guard lock(mu);
-    if (!failed) {
-      failed = true;
-      error = msg;
+    bool first = false;
+    {
+      std::lock_guard lock(mu);
+      if (!failed) {
+        failed = first = true;
+        error = msg;
+      }
+      cv.notify_all();
     }
-    cv.notify_all();
+    // A device that waits on the GPU for a peer that will never send (a failed worker, a hung link)
+    // only returns once the communicators are aborted.
+    if (first && uses_nccl)
+      for (auto* d : devs) d->abort_communication();
   }
+  // The step driver's wait for the workers, with the watchdog (pipeline_options::watchdog_s).
+  void watch_workers();
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
     cv.wait(lock, [&] { return failed || pred(); });

@@ -11,7 +11,13 @@ void impl::worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, dou
   dev.enter_compute_thread();
   worker_ctx c(d, dev, mbs, lr, max_norm, apply);
   load_device_lora(c);
+  int64_t i = 0;
   for (const auto& in : prog.devices[d]) {
+    {
+      std::lock_guard lock(mu);
+      pc[d] = i++;
+      ++progress;
+    }
     if (po.probe) po.probe("pipeline:instruction");
     if (cancel_requested(po.cancel) && !cancel_between_steps_only() && cancel_before_update()) throw aborted{};
     execute(c, in);

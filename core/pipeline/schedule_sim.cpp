@@ -2,6 +2,7 @@
 #include "core/pipeline/schedule_sim.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -99,7 +100,8 @@ std::optional<sim_result> check_pairing(const program& p) {
 // kind has one method that books compute, copies and memory and returns false when it must wait.
 class sim_run {
  public:
-  sim_run(const program& p, const sim_costs& c) : p_(p), c_(c), D_(p.num_devices()), dev_(D_), carried_(D_), act_(c.act_bytes) {
+  sim_run(const program& p, const sim_costs& c)
+      : p_(p), c_(c), D_(p.num_devices()), dev_(D_), carried_(D_), act_(c.act_bytes) {
     for (const auto& list : p.devices)
       for (const auto& in : list) {
         if (in.kind == op::recompute) has_recompute_.insert(in.stage);
@@ -127,6 +129,7 @@ class sim_run {
           --remaining;
           progress = true;
         }
+      if (!progress && resolve_nccl()) continue;
       if (!progress)
         for (int32_t d = 0; d < D_; ++d)
           if (dev_[d].pc < p_.devices[d].size())
@@ -234,8 +237,75 @@ class sim_run {
     return true;
   }
 
+  bool rendezvous(int32_t from, int32_t to) const {
+    return std::find(c_.rendezvous.begin(), c_.rendezvous.end(), std::make_pair(from, to)) != c_.rendezvous.end();
+  }
+  static bool is_send(const instr& in) { return in.kind == op::send_act || in.kind == op::send_grad; }
+  static bool is_recv(const instr& in) { return in.kind == op::recv_act || in.kind == op::recv_grad; }
+  bool over_rendezvous(int32_t d, const instr& in) const {
+    return (is_send(in) && rendezvous(d, in.peer)) || (is_recv(in) && rendezvous(in.peer, d));
+  }
+  using message_id = std::tuple<char, int32_t, int32_t, int32_t, int32_t>;  // kind, boundary, micro, from, to
+  message_id id_of(int32_t d, const instr& in) const {
+    const auto msg = message_of(p_, in);
+    return is_send(in) ? message_id{msg.kind, msg.boundary, in.micro, d, in.peer} : message_id{msg.kind, msg.boundary, in.micro, in.peer, d};
+  }
+
+  // NCCL as the simulator sees it: each communicator is a FIFO of the operations both ends posted;
+  // posting never blocks the device (sends and receives are stream-ordered). An operation moves when
+  // it and its counterpart are the oldest unmoved operations of their ends on that communicator; a
+  // receive's data is ready then. Compute waiting for data that never moves is the deadlock.
+  struct nccl_op {
+    message_id id;
+    bool send = false;
+    double posted = 0;
+  };
+  using comm_key = std::pair<int32_t, int32_t>;  // (from, to), or (low, high) with a shared communicator
+  comm_key comm_of(int32_t from, int32_t to) const {
+    return c_.shared_pair_communicator ? comm_key{std::min(from, to), std::max(from, to)} : comm_key{from, to};
+  }
+  bool exchange(int32_t d, const instr& in) {
+    double at = dev_[d].clock;
+    const bool send = is_send(in);
+    if (send) {  // stream-ordered after the compute that produced the data
+      const auto msg = message_of(p_, in);
+      const key local{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d};
+      if (!has(local)) return false;
+      at = std::max(at, ready_[local]);
+    }
+    const comm_key comm = send ? comm_of(d, in.peer) : comm_of(in.peer, d);
+    posted_[{comm, d}].push_back({id_of(d, in), send, at});
+    return true;
+  }
+
+  // Moves every operation that can move; true when something moved.
+  bool resolve_nccl() {
+    bool any = false;
+    for (bool again = true; again;) {
+      again = false;
+      for (auto& [end, queue] : posted_) {
+        const auto [comm, d] = end;
+        if (queue.empty() || !queue.front().send) continue;
+        const auto [kind, boundary, micro, from, to] = queue.front().id;
+        auto& peer_queue = posted_[{comm, to}];
+        if (peer_queue.empty() || peer_queue.front().send || peer_queue.front().id != queue.front().id) continue;
+        const double start = std::max({queue.front().posted, peer_queue.front().posted, free_at_[{comm, d}], free_at_[{comm, to}]});
+        const double t = start + transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
+        free_at_[{comm, d}] = free_at_[{comm, to}] = t;
+        dev_[from].mem.push_back({t, -act_});
+        dev_[to].mem.push_back({start, act_});
+        ready_[{kind == 'A' ? 'a' : 'g', boundary, micro, to}] = t;
+        queue.pop_front();
+        peer_queue.pop_front();
+        any = again = true;
+      }
+    }
+    return any;
+  }
+
   // Host-staged: download on this device's engine, upload on the peer's.
   bool send(int32_t d, const instr& in) {
+    if (over_rendezvous(d, in)) return exchange(d, in);
     auto& ds = dev_[d];
     const auto msg = message_of(p_, in);
     const key local{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d};
@@ -252,6 +322,7 @@ class sim_run {
   }
 
   bool recv(int32_t d, const instr& in) {
+    if (over_rendezvous(d, in)) return exchange(d, in);
     const auto msg = message_of(p_, in);
     const key mail{msg.kind, msg.boundary, in.micro, d};
     if (!has(mail)) return false;
@@ -339,6 +410,10 @@ class sim_run {
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
   const double act_;
   std::map<key, double> ready_;  // when an item becomes available
+  // Per (communicator, device): the NCCL operations it posted there and not yet moved, oldest first,
+  // and when its last one moved.
+  std::map<std::pair<comm_key, int32_t>, std::deque<nccl_op>> posted_;
+  std::map<std::pair<comm_key, int32_t>, double> free_at_;
   std::set<int32_t> has_recompute_;
   int total_backward_ = 0, backward_done_ = 0;
   double last_backward_end_ = 0;

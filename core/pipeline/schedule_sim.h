@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/pipeline/schedule.h"
@@ -24,6 +25,16 @@ struct sim_costs {
   // Steady state: a stage prefetched again after a device's last compute (cross-iteration prefetch)
   // is already resident when the program starts, so its first PREFETCH costs nothing.
   bool steady_state = false;
+  // Links (from, to) with rendezvous semantics (NCCL): the transfer happens once both ends have
+  // posted and every earlier operation on the same communicator has completed (NCCL runs a
+  // communicator's operations in order; past its buffer sizes a send waits for its receive). Other
+  // links are mailboxes: a SEND never waits for its RECV.
+  std::vector<std::pair<int32_t, int32_t>> rendezvous;
+  // How rendezvous links map to communicators: false = one per direction (what the executor makes);
+  // true = one per pair of devices carrying both directions (one ncclCommInitAll communicator per
+  // device gives this): then a device that sends before it receives from a peer doing the same
+  // deadlocks, which 1F1B does on two GPUs.
+  bool shared_pair_communicator = false;
 };
 
 // Uniform costs: every stage's forward takes t_f, backward t_b, recompute t_f.

@@ -1,6 +1,8 @@
 // Per-link transport choice: see transport.h.
 #include "core/pipeline/transport.h"
 
+#include <algorithm>
+
 #include <map>
 #include <set>
 #include <tuple>
@@ -120,6 +122,13 @@ std::string describe_transports(const std::vector<link_transport>& links, const 
     s += fmt::format("{} -> {} {} ({})", devices[l.from].name, devices[l.to].name, transport_name(l.kind), l.reason);
   }
   return s;
+}
+
+std::vector<std::pair<int32_t, int32_t>> nccl_links(const std::vector<link_transport>& links) {
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (const auto& l : links)
+    if (l.kind == transport_kind::nccl) out.emplace_back(l.from, l.to);
+  return out;
 }
 
 }  // namespace lorapipe

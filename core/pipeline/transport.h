@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/base/result.h"
@@ -36,6 +37,11 @@ struct link_transport {
 result<std::vector<link_transport>> choose_transports(const program& p, const std::vector<device_facts>& devices,
                                                       const std::string& preference,
                                                       const std::function<bool(int, int)>& peer_access, bool nccl = false);
+// The (from, to) pairs whose link is nccl: the simulator's rendezvous links (sim_costs). The executor
+// gives each of them its own two-rank communicator (one per direction), so a link's FIFO holds only
+// its sender's sends and its receiver's receives.
+std::vector<std::pair<int32_t, int32_t>> nccl_links(const std::vector<link_transport>& links);
+
 // "0->1 peer (same GPU); 1->0 host-staged (...)" for the log.
 std::string describe_transports(const std::vector<link_transport>& links, const std::vector<device_facts>& devices);
 

@@ -217,6 +217,7 @@ status validate_project(const project_config& c) {
        "must be stage or layer");
   need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");
   need(c.offload.device_memory_mb >= 0, "offload.device_memory_mb", "must be non-negative");
+  need(c.offload.pinned_memory_gb >= 0, "offload.pinned_memory_gb", "must be non-negative");
   need(c.offload.copy_gbps >= 0, "offload.copy_gbps", "must be non-negative");
   need(c.run.steps >= 0, "run.steps", "must be non-negative");
   need(c.run.epochs >= 0 && c.run.epochs <= 1e6, "run.epochs", "must be between 0 and 1e6");

@@ -73,6 +73,7 @@ struct project_config {
     std::string recompute_granularity = "stage";
     double device_memory_mb = 0;
     double copy_gbps = 0;
+    double pinned_memory_gb = 0;
   } offload;
   struct {
     int64_t seed = 1234;
@@ -145,6 +146,7 @@ void visit_fields(C& c, F&& f) {
   f("offload.recompute_granularity", c.offload.recompute_granularity, "stage (recompute a whole stage, then its backward) or layer (one layer at a time: less memory, more traffic).");
   f("offload.device_memory_mb", c.offload.device_memory_mb, "Memory capacity of each CPU virtual device in MiB (0 = unlimited).");
   f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
+  f("offload.pinned_memory_gb", c.offload.pinned_memory_gb, "CUDA: host RAM in GB that streamed weights may page-lock (0 = half of RAM); weights beyond it go through a pinned bounce buffer.");
   f("run.seed", c.run.seed, "Seed for LoRA init, data order and dropout.");
   f("run.steps", c.run.steps, "Optimizer steps.");
   f("run.epochs", c.run.epochs, "Passes over the training data; when > 0 it sets the step count (ceil(epochs x sequences / (batch_size x grad_accum))) instead of run.steps.");

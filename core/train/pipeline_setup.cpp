@@ -1,6 +1,7 @@
 // Building a project's pipeline and its trace: see pipeline_setup.h.
 #include "core/train/pipeline_setup.h"
 
+#include <algorithm>
 #include <map>
 
 #include <torch/torch.h>
@@ -45,6 +46,7 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   pipeline_rig rig;
   cpu_device_options dopts;
   if (cfg.offload.device_memory_mb > 0) dopts.capacity_bytes = static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0);
+  dopts.pinned_budget_bytes = static_cast<size_t>(cfg.offload.pinned_memory_gb * 1e9);
   dopts.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
   dopts.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
   LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts));
@@ -58,7 +60,16 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   for (auto& d : rig.devices) raw.push_back(d.get());
   const auto facts = facts_of(raw);
   LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available()));
-  if (cfg.parallel.transport == "nccl") LP_TRY(enable_nccl(raw));
+  if (cfg.parallel.transport == "nccl") {
+    // NCCL moves data only when both ends have posted, in each communicator's order: check that the
+    // program cannot deadlock under those semantics before anything runs.
+    sim_costs nc = uniform_costs(*prog, 1.0, 2.0);
+    nc.rendezvous = nccl_links(links);
+    const auto rendezvous = simulate(*prog, nc);
+    if (!rendezvous.ok)
+      return make_error("parallel.transport: nccl: the program would deadlock: {}\n{}", rendezvous.error, rendezvous.grid);
+    LP_TRY(enable_nccl(raw, nc.rendezvous));
+  }
   obs.on_event(log_event{log_event::level::info,
                          fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {})", prog->schedule,
                                      cfg.parallel.devices, prog->stages.size(), prog->micro_batches,
@@ -68,6 +79,10 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   po.layer_recompute = cfg.offload.recompute_granularity == "layer";
   po.async_optimizer = cfg.optimizer.asynchronous;
   po.transports = links;
+  // The watchdog guards GPU waits (a peer that never posts, a hung driver); on CPU virtual devices an
+  // instruction of a large model may legitimately take longer than any fixed bound.
+  const bool gpus = std::any_of(raw.begin(), raw.end(), [](const compute_device* d) { return d->gpu() >= 0; });
+  if (!gpus) po.watchdog_s = 0;
   if (po.async_optimizer)
     obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
   const auto stage_bytes = stage_weight_bytes(*prog, w.cfg, static_cast<size_t>(w.embed.element_size()));
@@ -77,6 +92,7 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
       adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay}, po);
   pipeline_options eval_po;
   eval_po.transports = links;
+  eval_po.watchdog_s = po.watchdog_s;
   rig.evaluator = std::make_unique<pipeline_executor>(w, lora, forward_only(kept), raw, adamw_config{}, eval_po);
   rig.bubble_ratio = check.bubble_ratio;
   rig.plan = describe_plan(kept, raw, rig.executor->weight_plan(), stage_bytes, links, check);

@@ -265,6 +265,12 @@ class trainer {
       mbs.push_back({xs[i].contiguous(), ys[i].contiguous(), scale,
                      dropout_key(static_cast<uint64_t>(cfg_.run.seed), step_, static_cast<int64_t>(i))});
     LP_TRY_ASSIGN(r, rig_.executor->step(mbs, lr, cfg_.optimizer.grad_clip));
+    if (!memory_checked_) {  // GPUs: the plan against what the allocator really held, once
+      memory_checked_ = true;
+      std::vector<compute_device*> raw;
+      for (auto& d : rig_.devices) raw.push_back(d.get());
+      for (const auto& w : memory_plan_warnings(raw)) obs_.on_event(log_event{log_event::level::warning, w});
+    }
     if (cfg_.run.trace_interval > 0 && (step_ + 1) % cfg_.run.trace_interval == 0)
       obs_.on_event(make_trace_event(rig_.executor->prog(), r, rig_.plan, step_ + 1));
     return step_numbers{r.loss, r.grad_norm, std::vector<int64_t>(r.peak_bytes.begin(), r.peak_bytes.end())};
@@ -380,6 +386,7 @@ class trainer {
   lr_schedule sched_;
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
   pipeline_rig rig_;
+  bool memory_checked_ = false;
   std::unique_ptr<epoch_sampler> sampler_;
   int64_t cursor_ = 0, step_ = 0, checkpointed_step_ = -1;
   bool stopped_ = false, eval_pending_ = false;

@@ -3,12 +3,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -24,8 +28,9 @@ namespace {
 
 class cuda_device final : public compute_device {
  public:
-  cuda_device(int index, int gpu, size_t capacity, const cpu_device_options& o)
-      : name_("cuda:" + std::to_string(gpu) + "#" + std::to_string(index)),
+  cuda_device(int index, int gpu, size_t capacity, std::shared_ptr<pinned_registry> pinned, const cpu_device_options& o)
+      : pinned_(std::move(pinned)),
+        name_("cuda:" + std::to_string(gpu) + "#" + std::to_string(index)),
         gpu_(gpu),
         arena_(name_, capacity, 512, /*contiguous=*/false),
         wup_(name_ + "/h2d-weights"),
@@ -52,8 +57,8 @@ class cuda_device final : public compute_device {
     // Engines first: a queued copy may still use the streams, the staging pool or registered memory.
     for (copy_engine* e : {&wup_, &up_, &down_}) e->stop();
     detach_weight_arena();
-    std::lock_guard lock(mu_);
-    for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
+    for (void* b : bounce_)
+      if (b != nullptr) cudaFreeHost(b);
   }
 
   const std::string& name() const override { return name_; }
@@ -62,6 +67,11 @@ class cuda_device final : public compute_device {
   copy_engine& upload() override { return up_; }
   copy_engine& download() override { return down_; }
   int compute_threads() const override { return threads_; }
+  std::optional<size_t> measured_gpu_peak_bytes() const override {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev_index());
+    return static_cast<size_t>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+  }
+  void reset_measured_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(dev_index()); }
   c10::Device torch_device() const override { return c10::Device(c10::DeviceType::CUDA, dev_index()); }
 
   // Host (pinned staging) -> device on the activation stream, which has priority over weights.
@@ -118,29 +128,40 @@ class cuda_device final : public compute_device {
   int gpu() const override { return gpu_; }
 
 #ifdef LORAPIPE_HAS_NCCL
-  void attach_nccl(std::shared_ptr<cuda::nccl_comms> comms, int rank) {
-    comms_ = std::move(comms);
-    rank_ = rank;
+  // This device's end of link `peer`'s communicator (sender: rank 0, receiver: rank 1).
+  void attach_nccl(int peer, bool sender, std::shared_ptr<cuda::nccl_comms> comms) {
+    (sender ? send_comms_ : recv_comms_)[peer] = std::move(comms);
+  }
+
+  void abort_communication() override {
+    for (auto* m : {&send_comms_, &recv_comms_})
+      for (auto& [peer, c] : *m) c->abort();
   }
 
   // After the compute that produced `t`, on the download stream; the caching allocator keeps `t`'s
   // memory until the send is done (record_stream). No host wait: the receiver may post later.
   void nccl_send(int peer, const at::Tensor& t) override {
-    if (!comms_) return compute_device::nccl_send(peer, t);
+    auto it = send_comms_.find(peer);
+    if (it == send_comms_.end()) return compute_device::nccl_send(peer, t);
+    ncclComm_t comm = it->second->rank(0);
+    if (comm == nullptr) throw device_error(fmt::format("{}: NCCL link to {} was aborted", name_, peer));
     c10::cuda::CUDAGuard guard(dev_index());
     const at::Tensor s = t.contiguous();  // on the compute stream, before the event below
     after_compute(dstream_);
-    LP_NCCL_CHECK(ncclSend(s.data_ptr(), s.numel() * s.element_size(), ncclUint8, peer, comms_->rank(rank_), dstream_.stream()));
+    LP_NCCL_CHECK(ncclSend(s.data_ptr(), s.numel() * s.element_size(), ncclUint8, /*peer rank=*/1, comm, dstream_.stream()));
     s.record_stream(dstream_);
   }
 
   // Into a fresh tensor on the activation stream; the compute stream waits for it by event.
   at::Tensor nccl_recv(int peer, at::IntArrayRef sizes, at::ScalarType dtype) override {
-    if (!comms_) return compute_device::nccl_recv(peer, sizes, dtype);
+    auto it = recv_comms_.find(peer);
+    if (it == recv_comms_.end()) return compute_device::nccl_recv(peer, sizes, dtype);
+    ncclComm_t comm = it->second->rank(1);
+    if (comm == nullptr) throw device_error(fmt::format("{}: NCCL link from {} was aborted", name_, peer));
     c10::cuda::CUDAGuard guard(dev_index());
     auto out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(torch_device()));  // on the compute stream
     after_compute(astream_);  // its memory may have been used by compute just before
-    LP_NCCL_CHECK(ncclRecv(out.data_ptr(), out.numel() * out.element_size(), ncclUint8, peer, comms_->rank(rank_), astream_.stream()));
+    LP_NCCL_CHECK(ncclRecv(out.data_ptr(), out.numel() * out.element_size(), ncclUint8, /*peer rank=*/0, comm, astream_.stream()));
     at::cuda::CUDAEvent received;
     received.record(astream_);
     received.block(compute_);
@@ -168,8 +189,21 @@ class cuda_device final : public compute_device {
     release_fence_.block(wstream_);  // no-op before the first release
   }
   void copy_weights_to(void* dst, const at::Tensor& host) override {
-    pin(host);
-    LP_CUDA_CHECK(cudaMemcpyAsync(dst, host.data_ptr(), host.numel() * host.element_size(), cudaMemcpyHostToDevice, wstream_.stream()));
+    const size_t bytes = host.numel() * host.element_size();
+    if (pinned_->acquire(host.storage().data(), host.storage().nbytes())) {
+      LP_CUDA_CHECK(cudaMemcpyAsync(dst, host.data_ptr(), bytes, cudaMemcpyHostToDevice, wstream_.stream()));
+      return;
+    }
+    // Beyond the pinned budget: through two pinned bounce buffers, one filling while the other copies.
+    constexpr size_t chunk = size_t{32} << 20;
+    for (size_t off = 0, k = 0; off < bytes; off += chunk, ++k) {
+      const size_t n = std::min(chunk, bytes - off), b = k % 2;
+      if (bounce_[b] == nullptr) LP_CUDA_CHECK(cudaHostAlloc(&bounce_[b], chunk, cudaHostAllocPortable));
+      bounce_done_[b].synchronize();  // its previous copy has left the buffer (no-op before the first)
+      std::memcpy(bounce_[b], static_cast<const char*>(host.data_ptr()) + off, n);
+      LP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, bounce_[b], n, cudaMemcpyHostToDevice, wstream_.stream()));
+      bounce_done_[b].record(wstream_);
+    }
   }
   void weight_upload_end() override { wstream_.synchronize(); }
 
@@ -183,33 +217,19 @@ class cuda_device final : public compute_device {
     produced.block(s);
   }
 
-  // Page-locks a frozen host tensor's storage in place, once (exact size, no staging copy).
-  void pin(const at::Tensor& host) {
-    const void* p = host.storage().data();
-    const size_t n = host.storage().nbytes();
-    std::lock_guard lock(mu_);
-    if (n == 0 || registered_.count(p)) return;
-    cudaError_t e = cudaHostRegister(const_cast<void*>(p), n, cudaHostRegisterPortable);
-    if (e == cudaErrorHostMemoryAlreadyRegistered) {
-      (void)cudaGetLastError();
-      return;
-    }
-    LP_CUDA_CHECK(e);
-    registered_.insert(p);
-  }
-
+  std::shared_ptr<pinned_registry> pinned_;  // outlives every device of the pipeline that shares it
   std::string name_;
   int gpu_;
   memory_arena arena_;
   copy_engine wup_, up_, down_;
   int threads_;
   c10::cuda::CUDAStream compute_, wstream_, astream_, dstream_;
-  std::mutex mu_, fence_mu_;
-  std::set<const void*> registered_;
+  std::mutex fence_mu_;
+  void* bounce_[2] = {nullptr, nullptr};  // used on the weight-upload engine's thread only
+  at::cuda::CUDAEvent bounce_done_[2];
   at::cuda::CUDAEvent release_fence_;
 #ifdef LORAPIPE_HAS_NCCL
-  std::shared_ptr<cuda::nccl_comms> comms_;
-  int rank_ = -1;
+  std::map<int, std::shared_ptr<cuda::nccl_comms>> send_comms_, recv_comms_;  // by peer device position
 #endif
 };
 
@@ -233,7 +253,7 @@ bool cuda_peer_access(int from_gpu, int to_gpu) {
   return false;
 }
 
-status enable_cuda_nccl(const std::vector<compute_device*>& devices) {
+status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links) {
 #ifdef LORAPIPE_HAS_NCCL
   std::vector<cuda_device*> cd;
   std::vector<int> gpus;
@@ -245,16 +265,22 @@ status enable_cuda_nccl(const std::vector<compute_device*>& devices) {
     cd.push_back(c);
     gpus.push_back(c->gpu());
   }
-  auto comms = std::make_shared<cuda::nccl_comms>(gpus);
-  for (size_t i = 0; i < cd.size(); ++i) cd[i]->attach_nccl(comms, static_cast<int>(i));
+  for (const auto& [from, to] : links) {
+    if (from < 0 || to < 0 || from >= static_cast<int32_t>(cd.size()) || to >= static_cast<int32_t>(cd.size()))
+      return make_error("parallel.transport: nccl: link {} -> {} names a device that does not exist", from, to);
+    auto comms = std::make_shared<cuda::nccl_comms>(std::vector<int>{gpus[static_cast<size_t>(from)], gpus[static_cast<size_t>(to)]});
+    cd[static_cast<size_t>(from)]->attach_nccl(to, true, comms);
+    cd[static_cast<size_t>(to)]->attach_nccl(from, false, comms);
+  }
   return ok_status();
 #else
   (void)devices;
+  (void)links;
   return make_error("parallel.transport: nccl: this build has no NCCL");
 #endif
 }
 
-result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, const cpu_device_options& o) {
+result<size_t> cuda_free_bytes(int gpu) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -264,8 +290,26 @@ result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, con
   size_t free_b = 0, total_b = 0;
   LP_CUDA_CHECK(cudaSetDevice(gpu));
   LP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t capacity = o.capacity_bytes < (size_t{1} << 40) ? o.capacity_bytes : free_b / 10 * 9;
-  return std::unique_ptr<compute_device>(std::make_unique<cuda_device>(index, gpu, capacity, o));
+  return free_b;
+}
+
+result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, size_t capacity,
+                                                         std::shared_ptr<pinned_registry> pinned, const cpu_device_options& o) {
+  if (auto f = cuda_free_bytes(gpu); !f) return f.err();
+  return std::unique_ptr<compute_device>(std::make_unique<cuda_device>(index, gpu, capacity, std::move(pinned), o));
+}
+
+std::shared_ptr<pinned_registry> make_cuda_pinned_registry(size_t budget_bytes) {
+  using pin_result = pinned_registry::pin_result;
+  return std::make_shared<pinned_registry>(
+      budget_bytes,
+      [](void* p, size_t n) {
+        const cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+        if (e == cudaSuccess) return pin_result::pinned;
+        (void)cudaGetLastError();
+        return e == cudaErrorHostMemoryAlreadyRegistered ? pin_result::pinned_elsewhere : pin_result::refused;
+      },
+      [](void* p) { cudaHostUnregister(p); });
 }
 
 }  // namespace lorapipe

@@ -13,6 +13,17 @@ nccl_comms::nccl_comms(const std::vector<int>& gpus) : comms_(gpus.size(), nullp
   LP_NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(gpus.size()), gpus.data()));
 }
 
+void nccl_comms::abort() {
+  std::vector<ncclComm_t> live;
+  {
+    std::lock_guard lock(mu_);
+    live.swap(comms_);
+    comms_.assign(live.size(), nullptr);
+  }
+  for (ncclComm_t c : live)
+    if (c != nullptr) ncclCommAbort(c);  // also frees it
+}
+
 nccl_comms::~nccl_comms() {
   for (ncclComm_t c : comms_)
     if (c != nullptr) ncclCommDestroy(c);

@@ -38,7 +38,7 @@ def table_rows(db):
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
-        return {name: con.execute(f'SELECT * FROM "{name}" ORDER BY rowid').fetchall() for name in tables}
+        return {name: sorted(con.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr) for name in tables}
     finally:
         con.close()
 

@@ -4,8 +4,12 @@
 // transports when two GPUs exist) against the single-device CPU run of stories260K.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+
 #include <torch/torch.h>
 
+#include "core/base/errors.h"
 #include "core/model/llama_model.h"
 #include "core/model/lora.h"
 #include "core/pipeline/pipeline_executor.h"
@@ -18,9 +22,11 @@
 using namespace lorapipe;
 
 namespace {
+size_t pinned_budget = 0;  // 0: the default (half of RAM); set by the bounce-buffer test
 std::vector<std::unique_ptr<compute_device>> cuda_devices(const std::string& spec) {
   cpu_device_options o;
   o.capacity_bytes = size_t{2} << 30;
+  o.pinned_budget_bytes = pinned_budget;
   auto d = make_devices(spec, o);
   EXPECT_TRUE(d.ok()) << (d.ok() ? "" : d.message());
   return d.ok() ? std::move(*d) : std::vector<std::unique_ptr<compute_device>>{};
@@ -104,7 +110,7 @@ void pipeline_matches_cpu(const std::string& spec, const std::string& schedule, 
   pipeline_options po;
   po.transports = choose_transports(prog, facts_of(raw), transport, gpu_peer_access, nccl_available()).value();
   if (transport == "nccl") {
-    ASSERT_TRUE(enable_nccl(raw).ok());
+    ASSERT_TRUE(enable_nccl(raw, nccl_links(po.transports)).ok());
   }
   pipeline_executor ex(w_cpu, pipe_lora, prog, raw, {}, po);
   std::vector<micro_batch> mbs;
@@ -128,9 +134,57 @@ TEST(CudaPipeline, TwoPipelineDevicesOnOneGpuMatchTheCpuRun) {
   }
 }
 
+// A pinned budget of one byte: no weight can be page-locked, every PREFETCH goes through the pinned
+// bounce buffers, and the step still matches the CPU run.
+TEST(CudaPipeline, WeightsBeyondThePinnedBudgetGoThroughTheBounceBuffer) {
+  pinned_budget = 1;
+  pipeline_matches_cpu("cuda:0,0", "round-robin", "host");
+  pinned_budget = 0;
+}
+
 TEST(CudaPipeline, TwoGpusWithPeerAndNcclTransports) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   pipeline_matches_cpu("cuda:0,1", "1f1b", "host");
   if (gpu_peer_access(0, 1) && gpu_peer_access(1, 0)) pipeline_matches_cpu("cuda:0,1", "1f1b", "peer");
   if (nccl_available()) pipeline_matches_cpu("cuda:0,1", "round-robin", "nccl");
+}
+
+// A device that fails in the middle of an NCCL 1F1B step on two GPUs: its peer waits on the GPU for
+// a transfer that never comes; the failure aborts the communicators and the step ends with the error
+// within the watchdog's bound instead of hanging (before: only a second Ctrl-C ended the process).
+TEST(CudaPipeline, NcclFailureEndsTheStep) {
+  if (cuda::device_count() < 2 || !nccl_available()) GTEST_SKIP() << "needs two GPUs and NCCL";
+  auto w_cpu = load_llama(test_data_dir() / "models/stories260K/hf", {at::kFloat}).value();
+  lora_config lc;
+  lc.r = 4;
+  lc.alpha = 8;
+  lc.targets = {lora_target::q, lora_target::v};
+  auto lora = init_lora(w_cpu, lc, 5);
+  auto devs = cuda_devices("cuda:0,1");
+  std::vector<compute_device*> raw{devs[0].get(), devs[1].get()};
+  schedule_options o;
+  o.devices = 2;
+  o.micro_batches = 4;
+  auto prog = make_schedule("1f1b", 5, o).value();
+  pipeline_options po;
+  po.transports = choose_transports(prog, facts_of(raw), "nccl", gpu_peer_access, true).value();
+  po.watchdog_s = 20;
+  std::atomic<int> n{0};
+  po.probe = [&](const char*) {
+    if (++n == 25) throw device_error("injected failure");
+  };
+  ASSERT_TRUE(enable_nccl(raw, nccl_links(po.transports)).ok());
+  pipeline_executor ex(w_cpu, lora, prog, raw, {}, po);
+  torch::manual_seed(3);
+  auto t = torch::randint(3, 512, {8, 33}, torch::kLong);
+  std::vector<micro_batch> mbs;
+  auto xs = t.slice(1, 0, 32).chunk(4), ys = t.slice(1, 1).chunk(4);
+  for (int i = 0; i < 4; ++i) mbs.push_back({xs[i].contiguous(), ys[i].contiguous()});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = ex.step(mbs, 0.0, 0.0, false);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("injected failure"), std::string::npos) << r.message();
+  EXPECT_LT(s, 60.0);
+  std::printf("NCCL step with a failing device ended after %.1f s: %s\n", s, r.message().c_str());
 }
