@@ -167,9 +167,10 @@ bool gpu_peer_access(int from, int to);
 // Whether this build has the NCCL transport.
 bool nccl_available();
 // Creates the NCCL communicators of the nccl transport: one two-rank communicator per link direction
-// (from, to) (device positions), the sender rank 0, so that a link carries only its own sends and
-// receives and no order of operations across links can deadlock (see sim_costs::rendezvous). CUDA
-// devices on distinct GPUs only.
+// (from, to) (device positions; the sender is rank 0), each driven on a stream of its own on both
+// ends and connected by one tiny exchange here, so a link's operations wait only on each other: what
+// the simulator's rendezvous semantics check before a run (sim_costs::rendezvous). CUDA devices on
+// distinct GPUs only.
 status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links);
 
 // After a step: per GPU, the arena peaks the plan charged its pipeline devices against the allocator

@@ -79,10 +79,14 @@ TEST(Schedule, ForwardOnlyKeepsTheForwardHalf) {
           for (const auto& in : fwd.devices[d]) {
             if (in.kind == op::prefetch_weights) open[in.stage] = true;
             if (in.kind == op::forward) open[in.stage] = false;
-            if (in.kind == op::release_weights) EXPECT_FALSE(open[in.stage]) << "device " << d << " stage " << in.stage;
+            if (in.kind == op::release_weights) {
+              EXPECT_FALSE(open[in.stage]) << "device " << d << " stage " << in.stage;
+            }
           }
         }
-        if (count(train, op::prefetch_weights) > 0) EXPECT_GT(count(fwd, op::prefetch_weights), 0);
+        if (count(train, op::prefetch_weights) > 0) {
+          EXPECT_GT(count(fwd, op::prefetch_weights), 0);
+        }
         EXPECT_LE(count(fwd, op::prefetch_weights), count(train, op::prefetch_weights));
         auto sim = simulate(fwd, uniform_costs(fwd, 1.0, 2.0));
         EXPECT_TRUE(sim.ok) << sim.error << "\n" << sim.grid;

@@ -185,8 +185,13 @@ TEST(RunStore, ProcessLivenessBeyondThePid) {
   auto reused = me;
   reused.start = me.start + "1";  // same pid, another start: the pid was reused
   EXPECT_EQ(process_liveness(reused), liveness::gone);
-  auto elsewhere = me;
-  elsewhere.host = me.host + "-other";
+  auto renamed = me;  // this machine under another host name (a new container): still checked here
+  renamed.host = me.host + "-other";
+  EXPECT_EQ(process_liveness(renamed), liveness::alive);
+  renamed.start = me.start + "1";
+  EXPECT_EQ(process_liveness(renamed), liveness::gone);
+  auto elsewhere = renamed;  // another machine: another boot id
+  elsewhere.start = "00000000-0000-0000-0000-000000000000/" + me.start.substr(me.start.find('/') + 1);
   EXPECT_EQ(process_liveness(elsewhere), liveness::unknown);
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
@@ -355,18 +360,26 @@ TEST(Checkpoint, KeepLastN) {
   EXPECT_EQ(names[0].rfind(".trash-step-00000010-", 0), 0u) << names[0];
   EXPECT_TRUE(fs::exists(root / names[0] / "x"));
   EXPECT_EQ(list_checkpoints(root).back().step, 8);
-  sweep_checkpoint_leftovers(root);
-  ASSERT_TRUE(write_checkpoint(root, 10, [](const fs::path& d) { return write_file_atomic(d / "x", "1"); }).ok());
+  recover_replaced_checkpoints(root);  // what resume does first: the old step 10 is back, whole
+  EXPECT_EQ(list_checkpoints(root).back().step, 10);
+  EXPECT_TRUE(verify_checkpoint(root / "step-00000010").ok());
+  EXPECT_TRUE(fs::exists(root / "step-00000010" / "x"));
   std::vector<std::string> sites;
   ASSERT_TRUE(write_checkpoint(root, 10, write_y, [&](const char* site) { sites.emplace_back(site); }).ok());
   EXPECT_EQ(sites.back(), "checkpoint:replace");
   EXPECT_TRUE(fs::exists(root / "step-00000010" / "y"));
   EXPECT_FALSE(fs::exists(root / "step-00000010" / "x"));
   EXPECT_EQ(std::distance(fs::directory_iterator(root), fs::directory_iterator()), 2);  // nothing left aside
-  // Abandoning a timeline removes the newer checkpoints, newest first.
+  // Abandoning a timeline moves the newer checkpoints aside, newest first; the next write sweeps them.
   EXPECT_EQ(remove_checkpoints_after(root, 8).value(), (std::vector<int64_t>{10}));
   EXPECT_EQ(list_checkpoints(root).back().step, 8);
   EXPECT_TRUE(remove_checkpoints_after(root, 8)->empty());
+  sweep_checkpoint_leftovers(root);  // a run starting keeps them (it may fail before its first checkpoint)
+  EXPECT_EQ(std::distance(fs::directory_iterator(root), fs::directory_iterator()), 2);
+  ASSERT_TRUE(write_checkpoint(root, 9, write_y).ok());
+  discard_abandoned_checkpoints(root);  // after the resumed run's first checkpoint
+  EXPECT_EQ(std::distance(fs::directory_iterator(root), fs::directory_iterator()), 2);  // step 8 and 9
+  EXPECT_EQ(list_checkpoints(root).back().step, 9);
 }
 
 TEST(ProjectSchema, Version1IsMigrated) {

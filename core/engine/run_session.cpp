@@ -71,6 +71,7 @@ status check_output_dir(const project_config& cfg) {
 
 // The checkpoint a resume continues from, verified (nullopt: none yet, start over).
 result<std::optional<checkpoint_info>> choose_checkpoint(int64_t run, const fs::path& root, std::optional<int64_t> step) {
+  recover_replaced_checkpoints(root);
   auto all = list_checkpoints(root);
   fs::path from;
   if (step) {
@@ -141,7 +142,8 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
       h.already_completed = true;
       return h;
     }
-    if (rec->status == "running" && rec->pid != ::getpid()) {
+    const auto me = this_process();
+    if (rec->status == "running" && !(rec->pid == me.pid && rec->host == me.host && rec->process_start == me.start)) {
       const auto who = rec->process();
       switch (process_liveness(who)) {
         case liveness::alive: return make_error("run {} is still running (pid {})", run, rec->pid);
@@ -164,7 +166,7 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
     // Newer checkpoints belong to the timeline this resume abandons: a later plain resume must not pick them.
     LP_TRY(remove_checkpoints_after(h.checkpoint_root, h.start_step));
     store.truncate_after(run, h.start_step);
-    store.mark_resumed(run, this_process());
+    store.mark_resumed(run, me);
     return h;
   });
 }

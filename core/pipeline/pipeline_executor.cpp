@@ -64,11 +64,13 @@ void pipeline_executor::impl::watch_workers() {
     if (po.watchdog_s <= 0 || failed || std::chrono::duration<double>(clock_type::now() - last_change).count() < po.watchdog_s) continue;
     std::string where;
     for (size_t d = 0; d < devs.size(); ++d)
-      if (pc[d] >= 0)
+      if (pc[d] >= 0 && static_cast<size_t>(pc[d]) < prog.devices[d].size())
         where += fmt::format("{}{} at step {} ({})", where.empty() ? "" : ", ", devs[d]->name(), pc[d],
                              instr_to_text(prog.devices[d][static_cast<size_t>(pc[d])]));
     lock.unlock();
-    fail(fmt::format("watchdog: no instruction finished for {:g} s; {}", po.watchdog_s, where));
+    const std::string msg = fmt::format("watchdog: no device went on to its next instruction for {:g} s; {}", po.watchdog_s, where);
+    if (po.on_watchdog) po.on_watchdog(msg);  // now, on the stepping thread: the step may not return soon
+    fail(msg);
     lock.lock();
   }
 }
@@ -119,6 +121,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   s.grad_norm = 0;
   s.loss_sum = 0;
   s.trace.clear();
+  s.last_logits.clear();
   for (auto* d : s.devs) {
     d->arena().reset_peak();
     if (auto* wa = d->weight_arena()) wa->reset_peak();
@@ -199,6 +202,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     r.weight_arena_peak.push_back(d->weight_arena() != nullptr ? d->weight_arena()->peak() : 0);
   }
   r.trace = s.trace;
+  for (auto& [m, l] : s.last_logits) r.last_logits.push_back(l);
   return r;
 }
 

@@ -33,6 +33,9 @@ struct micro_batch {
   // (1 / trained tokens of the whole step), so masked batches give a token-weighted mean.
   double loss_scale = 0;
   uint64_t dropout_seed = 0;  // LoRA dropout masks: dropout_key(run seed, step, micro-batch)
+  // Forward-only programs: the head returns the last position's logits (pipeline_step_result::
+  // last_logits) instead of a loss; labels are not read.
+  bool last_logits = false;
 };
 
 struct instr_timing {
@@ -50,6 +53,7 @@ struct pipeline_step_result {
   std::vector<size_t> peak_bytes;  // per device arena peak during the step (weight arena included)
   std::vector<size_t> weight_arena_bytes, weight_arena_peak;  // per device: reserved, used at the peak
   std::vector<instr_timing> trace;  // compute instructions (F, R, B) with times
+  std::vector<at::Tensor> last_logits;  // micro_batch::last_logits: per micro-batch f32 [b,V] on the host
 };
 
 
@@ -71,6 +75,9 @@ struct pipeline_options {
   // Watchdog: a step in which no device finishes an instruction for this long fails, naming each
   // device's instruction, and NCCL communicators are aborted so that waits on the GPU end (0 = off).
   double watchdog_s = 600;
+  // Called with the watchdog's message on the thread that called step(), when it fires (a step stuck
+  // in a driver may not return for a while after).
+  std::function<void(const std::string&)> on_watchdog;
   // Test hook: called with "pipeline:instruction" before every instruction of every device.
   std::function<void(const char* site)> probe;
 };

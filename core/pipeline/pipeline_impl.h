@@ -117,6 +117,7 @@ struct pipeline_executor::impl {
   bool norm_done = false;
   double grad_norm = 0, loss_sum = 0;
   std::vector<instr_timing> trace;
+  std::map<int32_t, at::Tensor> last_logits;  // micro_batch::last_logits, by micro-batch
   clock_type::time_point t0;
 
   impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt,
@@ -240,6 +241,10 @@ struct pipeline_executor::impl {
       x = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
     }
     if (!st.has_head) return x;
+    if (mb.last_logits) {  // generation: only the last position, back on the host
+      auto last = head_logits(w.cfg, sw.final_norm, sw.lm_head, x.slice(1, x.size(1) - 1)).select(1, 0);  // [b,V]
+      return last.to(at::kCPU, at::kFloat);
+    }
     auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, x);
     if (mb.loss_scale > 0) {
       auto loss = causal_lm_loss_sum(logits, mb.labels) * mb.loss_scale;

@@ -76,7 +76,9 @@ const micro_batch& impl::mb(worker_ctx& c, int32_t m) {
   auto it = c.batch.find(m);
   if (it == c.batch.end()) {
     const auto& h = c.mbs[m];
-    it = c.batch.emplace(m, micro_batch{h.tokens.to(c.tdev), h.labels.to(c.tdev), h.loss_scale, h.dropout_seed}).first;
+    it = c.batch.emplace(m, micro_batch{h.tokens.to(c.tdev), h.labels.defined() ? h.labels.to(c.tdev) : h.labels, h.loss_scale,
+                                        h.dropout_seed, h.last_logits})
+             .first;
   }
   return it->second;
 }
@@ -190,6 +192,10 @@ void impl::exec_forward(worker_ctx& c, const instr& in) {
       torch::NoGradGuard ng;
       auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), &ckpt, &loss);
       if (!st.has_head) keep(c, 'a', st.last_layer, m, out);
+      if (st.has_head && mb(c, m).last_logits) {
+        std::lock_guard lock(mu);
+        last_logits[m] = out;
+      }
     }
     for (auto& [b, t] : ckpt) keep(c, 'c', b, m, t);
     if (st.has_head) {

@@ -137,6 +137,10 @@ class sim_run {
                                fmt::format("deadlock: d{} step {} ({}) waits for data no device will produce", d, dev_[d].pc,
                                            instr_to_text(p_.devices[d][dev_[d].pc])));
     }
+    for (const auto& [end, queue] : posted_)  // every NCCL operation moved (the pairing check says it must)
+      if (!queue.empty())
+        return sim_failure(p_, end.second, -1, fmt::format("d{}: {} NCCL operation(s) never matched on link {}->{}", end.second, queue.size(),
+                                                           end.first.first, end.first.second));
     return finish();
   }
 

@@ -195,7 +195,11 @@ result<std::vector<int64_t>> remove_checkpoints_after(const fs::path& root, int6
   std::vector<int64_t> removed;
   auto all = list_checkpoints(root);
   for (auto it = all.rbegin(); it != all.rend() && it->step > step; ++it) {  // newest first
-    LP_TRY(remove_checkpoint_dir(root, it->dir));
+    // Aside, not deleted: the next checkpoint write sweeps them (until then they can be renamed back).
+    std::error_code ec;
+    const fs::path aside = root / fmt::format(".abandoned-{}-{}", it->dir.filename().string(), ::getpid());
+    fs::rename(it->dir, aside, ec);
+    if (ec) return make_error("{}: cannot move the abandoned checkpoint aside: {}", it->dir.string(), ec.message());
     removed.push_back(it->step);
   }
   if (!removed.empty())
@@ -203,14 +207,42 @@ result<std::vector<int64_t>> remove_checkpoints_after(const fs::path& root, int6
   return removed;
 }
 
+void recover_replaced_checkpoints(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> aside;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(".trash-step-", 0) == 0) aside.push_back(e.path());
+  for (const auto& p : aside) {
+    // .trash-step-NNNNNNNN-PID: a whole checkpoint moved aside; if its step-N is missing, the write
+    // that was replacing it was killed between the two renames.
+    const std::string name = p.filename().string().substr(7);
+    const auto dash = name.rfind('-');
+    int64_t step = 0;
+    if (dash == std::string::npos || !parse_step_dir(name.substr(0, dash), step)) continue;
+    const fs::path dir = root / checkpoint_dir_name(step);
+    if (!fs::exists(dir, ec)) fs::rename(p, dir, ec);  // a committed checkpoint; resume verifies it
+  }
+}
+
 void sweep_checkpoint_leftovers(const fs::path& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return;
+  recover_replaced_checkpoints(root);
   std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const auto name = e.path().filename().string();
     if (name.rfind(".tmp-", 0) == 0 || name.rfind(".trash-", 0) == 0) stale.push_back(e.path());
   }
+  for (const auto& p : stale) fs::remove_all(p, ec);
+}
+
+void discard_abandoned_checkpoints(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(".abandoned-", 0) == 0) stale.push_back(e.path());
   for (const auto& p : stale) fs::remove_all(p, ec);
 }
 

@@ -2,7 +2,8 @@
 // <root>/step-<8 digits> holding arbitrary files plus manifest.json (size and sha256 of every file).
 // It is built under a temporary name, every file and the folder are fsynced, and one rename commits
 // it, so a reader sees a whole checkpoint or none. Loading verifies every checksum. Leftovers of a
-// killed write (.tmp-*, .trash-*) are never mistaken for checkpoints and are swept on the next write.
+// killed write (.tmp-*, .trash-*) are never mistaken for checkpoints and are swept when a run starts
+// (a replaced checkpoint whose replacement never landed is renamed back first).
 #pragma once
 
 #include <cstdint>
@@ -38,11 +39,16 @@ result<checkpoint_info> verify_checkpoint(const std::filesystem::path& dir);
 std::vector<checkpoint_info> list_checkpoints(const std::filesystem::path& root);
 // Keeps the newest `keep` checkpoints (keep <= 0: all); returns the steps removed.
 result<std::vector<int64_t>> prune_checkpoints(const std::filesystem::path& root, int64_t keep);
-// Removes every checkpoint newer than `step` (a resume from an older checkpoint abandons their timeline);
-// returns the steps removed, newest first.
+// Moves every checkpoint newer than `step` aside (.abandoned-*: a resume from an older checkpoint
+// abandons their timeline; the resumed run deletes them once it has written a checkpoint of its
+// own, discard_abandoned_checkpoints); returns their steps, newest first.
 result<std::vector<int64_t>> remove_checkpoints_after(const std::filesystem::path& root, int64_t step);
-// Removes leftovers of killed writes (.tmp-*, .trash-*).
+// A write killed while replacing step N (old one aside, new one not yet in) left step N only under
+// .trash-: renames it back. Resume calls it before choosing a checkpoint.
+void recover_replaced_checkpoints(const std::filesystem::path& root);
+// Recovers as above, then removes leftovers of killed writes (.tmp-*, .trash-*).
 void sweep_checkpoint_leftovers(const std::filesystem::path& root);
+void discard_abandoned_checkpoints(const std::filesystem::path& root);
 
 std::string checkpoint_dir_name(int64_t step);
 

@@ -61,12 +61,14 @@ process_identity this_process() {
 
 liveness process_liveness(const process_identity& p) {
   if (p.host.empty()) return by_signal(p.pid);  // recorded before identities were stored
-  if (p.host != host_name()) return liveness::unknown;
+  // Another host name on this very boot (a container gets a new name each time) is this machine.
+  const bool same_boot = !p.start.empty() && p.start.rfind(boot_id() + "/", 0) == 0;
+  if (p.host != host_name() && !same_boot) return liveness::unknown;
   if (p.pid <= 0) return liveness::gone;
   if (p.start.empty() || !have_proc()) return by_signal(p.pid);
   const std::string ticks = start_ticks(p.pid);
   if (ticks.empty()) return liveness::gone;
-  return p.start == boot_id() + "/" + ticks ? liveness::alive : liveness::gone;  // else: pid reused, or rebooted
+  return p.start == boot_id() + "/" + ticks ? liveness::alive : liveness::gone;  // else: pid reused
 }
 
 }  // namespace lorapipe

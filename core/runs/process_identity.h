@@ -17,9 +17,10 @@ struct process_identity {
 
 process_identity this_process();
 
-enum class liveness { alive, gone, unknown };  // unknown: recorded on another host
-// A record without host and start (written before they were stored) falls back to the pid alone,
-// reading EPERM as alive.
+enum class liveness { alive, gone, unknown };  // unknown: recorded on another machine
+// Another host name with this machine's boot id (a container renamed) counts as this machine; a
+// record of another boot of this machine (rebooted since) is gone. A record without host and start
+// (written before they were stored) falls back to the pid alone, reading EPERM as alive.
 liveness process_liveness(const process_identity& p);
 
 }  // namespace lorapipe

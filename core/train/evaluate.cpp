@@ -108,6 +108,13 @@ eval_result evaluate_windows(const token_windows& set, int64_t batch, int64_t ma
 
 std::string sample_text(const llama_weights& w, const lora_adapters& lora, const tokenizer& tok, const project_config& cfg,
                         observer& obs, int64_t step, const cancel_token* cancel) {
+  return sample_text(tok, cfg, obs, step, cancel, [&](const std::vector<int32_t>& prompt, const sampling_options& so) {
+    return generate(w, &lora, prompt, so);
+  });
+}
+
+std::string sample_text(const tokenizer& tok, const project_config& cfg, observer& obs, int64_t step, const cancel_token* cancel,
+                        const token_generator& gen) {
   prompt_options po;
   auto prompt = prepare_prompt(tok, cfg.run.sample_prompt, po);
   if (!prompt) return {};
@@ -120,7 +127,7 @@ std::string sample_text(const llama_weights& w, const lora_adapters& lora, const
     obs.on_event(phase_event{phase::sampling, ++done, so.max_new_tokens, step, {}});
     return true;
   };
-  auto out = generate(w, &lora, *prompt, so);
+  auto out = gen(*prompt, so);
   throw_if_cancelled(cancel);
   if (!out.empty() && out.back() == tok.eos_id()) out.pop_back();
   return tok.decode_continuation(*prompt, out);

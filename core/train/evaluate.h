@@ -16,6 +16,7 @@
 #include "core/base/cancel.h"
 #include "core/base/events.h"
 #include "core/data/training_data.h"
+#include "core/model/generate.h"
 #include "core/model/llama_model.h"
 #include "core/model/lora.h"
 #include "core/project/project.h"
@@ -73,5 +74,9 @@ eval_result evaluate_windows(const llama_weights& w, const lora_adapters* lora, 
 // run.sample_tokens greedy tokens; throws cancelled_error on a cancel request.
 std::string sample_text(const llama_weights& w, const lora_adapters& lora, const tokenizer& tok, const project_config& cfg,
                         observer& obs, int64_t step, const cancel_token* cancel);
+// ... with another generator of greedy ids (the pipeline's): gen(prompt, options) returns the new ids.
+using token_generator = std::function<std::vector<int32_t>(const std::vector<int32_t>& prompt, const sampling_options& so)>;
+std::string sample_text(const tokenizer& tok, const project_config& cfg, observer& obs, int64_t step, const cancel_token* cancel,
+                        const token_generator& gen);
 
 }  // namespace lorapipe

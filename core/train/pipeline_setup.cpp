@@ -83,6 +83,7 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   // instruction of a large model may legitimately take longer than any fixed bound.
   const bool gpus = std::any_of(raw.begin(), raw.end(), [](const compute_device* d) { return d->gpu() >= 0; });
   if (!gpus) po.watchdog_s = 0;
+  po.on_watchdog = [&obs](const std::string& m) { obs.on_event(log_event{log_event::level::error, m}); };
   if (po.async_optimizer)
     obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
   const auto stage_bytes = stage_weight_bytes(*prog, w.cfg, static_cast<size_t>(w.embed.element_size()));
@@ -147,6 +148,25 @@ double pipeline_batch_loss(pipeline_rig& rig, const at::Tensor& x, const at::Ten
   auto r = rig.evaluator->step(mbs, 0.0, 0.0, false);
   if (!r) throw lorapipe_error("validation on the pipeline: " + r.message());
   return r->loss;  // loss_scale 1: the summed cross-entropy
+}
+
+std::vector<int32_t> pipeline_greedy(pipeline_rig& rig, const std::vector<int32_t>& prompt, int64_t max_new, int32_t stop_id,
+                                     int64_t context_length, const std::function<bool(int32_t)>& on_token) {
+  std::vector<int64_t> seq(prompt.begin(), prompt.end());
+  std::vector<int32_t> out;
+  const int32_t m = rig.evaluator->prog().micro_batches;
+  while (static_cast<int64_t>(out.size()) < max_new && static_cast<int64_t>(seq.size()) < context_length) {
+    auto tokens = torch::tensor(seq, torch::kLong).unsqueeze(0);  // i64 [1,T]
+    std::vector<micro_batch> mbs(static_cast<size_t>(m), micro_batch{tokens, at::Tensor(), 0.0, 0, /*last_logits=*/true});
+    auto r = rig.evaluator->step(mbs, 0.0, 0.0, false);
+    if (!r) throw lorapipe_error("sampling on the pipeline: " + r.message());
+    if (r->last_logits.empty()) throw lorapipe_error("sampling on the pipeline: the head returned no logits");
+    const auto id = static_cast<int32_t>(r->last_logits.front().argmax(-1).item<int64_t>());  // f32 [1,V] -> id
+    out.push_back(id);
+    seq.push_back(id);
+    if (id == stop_id || (on_token && !on_token(id))) break;
+  }
+  return out;
 }
 
 }  // namespace lorapipe

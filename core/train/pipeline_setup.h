@@ -4,6 +4,7 @@
 // Internal to core/train.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,6 +32,13 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
 // are all ignored). Call release_weights() on the training executor before a validation's first batch
 // and on the evaluator after its last (pipeline_validation does both). Throws on failure.
 double pipeline_batch_loss(pipeline_rig& rig, const at::Tensor& x, const at::Tensor& y, int64_t batch);
+// Greedy generation on the pipeline devices (the run's samples when it trains on GPUs): each new token
+// is the argmax of the last position's logits from the forward-only program over the whole sequence
+// so far (no KV cache: every micro-batch slot carries the same sequence). Stops after max_new tokens,
+// after stop_id, at the context length, or when on_token returns false. Call inside a
+// pipeline_validation scope. Throws on failure.
+std::vector<int32_t> pipeline_greedy(pipeline_rig& rig, const std::vector<int32_t>& prompt, int64_t max_new, int32_t stop_id,
+                                     int64_t context_length, const std::function<bool(int32_t)>& on_token);
 class pipeline_validation {  // scope of one validation: the devices' weight arenas change hands
  public:
   explicit pipeline_validation(pipeline_rig& rig) : rig_(rig) { rig_.executor->release_weights(); }

@@ -188,6 +188,16 @@ class trainer {
 
   bool has_val() const { return in_->data.val.size() > 0; }
 
+  // The before/after sample: greedy, on the pipeline devices when training runs there.
+  std::string sample(int64_t at, const cancel_token* cancel) {
+    if (!rig_.evaluator) return sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, at, cancel);
+    pipeline_validation scope(rig_);
+    return sample_text(*in_->tok, cfg_, obs_, at, cancel, [&](const std::vector<int32_t>& prompt, const sampling_options& so) {
+      return pipeline_greedy(rig_, prompt, so.max_new_tokens, so.stop_id, in_->weights.cfg.max_position_embeddings,
+                             [&](int32_t id) { return (!so.on_token || so.on_token(id)) && !cancel_requested(so.cancel); });
+    });
+  }
+
   // Validation at `at`; a stop during it leaves eval_pending set for the checkpoint.
   double validate(int64_t at) {
     eval_pending_ = true;
@@ -214,7 +224,7 @@ class trainer {
       if (step_ == 0) sum_.first_val_loss = loss;
     }
     if (cfg_.run.sample_tokens > 0 && !resuming)
-      obs_.on_event(sample_event{"before", cfg_.run.sample_prompt, sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, 0, cancel_)});
+      obs_.on_event(sample_event{"before", cfg_.run.sample_prompt, sample(0, cancel_)});
   }
 
   status loop() {
@@ -264,6 +274,8 @@ class trainer {
     for (size_t i = 0; i < xs.size(); ++i)
       mbs.push_back({xs[i].contiguous(), ys[i].contiguous(), scale,
                      dropout_key(static_cast<uint64_t>(cfg_.run.seed), step_, static_cast<int64_t>(i))});
+    if (!memory_checked_)  // the first step alone: not the validation or sample before it
+      for (auto& d : rig_.devices) d->reset_measured_peak();
     LP_TRY_ASSIGN(r, rig_.executor->step(mbs, lr, cfg_.optimizer.grad_clip));
     if (!memory_checked_) {  // GPUs: the plan against what the allocator really held, once
       memory_checked_ = true;
@@ -315,6 +327,7 @@ class trainer {
     LP_TRY_ASSIGN(info, lorapipe::write_checkpoint(opts_.checkpoint_root, at,
                                                    [&](const fs::path& d) { return save_train_state(d, lora_, groups, st); }, opts_.probe));
     LP_TRY_ASSIGN(removed, prune_checkpoints(opts_.checkpoint_root, cfg_.run.keep_checkpoints));
+    discard_abandoned_checkpoints(opts_.checkpoint_root);  // a resume from an older checkpoint's other timeline
     checkpointed_step_ = at;
     sum_.last_checkpoint = info.dir.string();
     obs_.on_event(checkpoint_event{at, info.dir.string(), info.manifest_sha256, info.bytes, removed});
@@ -326,7 +339,7 @@ class trainer {
     if (has_val()) sum_.final_val_loss = validate(step_);
     // Not cancellable: the final validation is already recorded, and the sample is short.
     if (cfg_.run.sample_tokens > 0)
-      obs_.on_event(sample_event{"after", cfg_.run.sample_prompt, sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, step_, nullptr)});
+      obs_.on_event(sample_event{"after", cfg_.run.sample_prompt, sample(step_, nullptr)});
   }
 
   // A stop before any LoRA state exists: nothing to checkpoint; resuming starts from the beginning.
@@ -421,7 +434,17 @@ result<eval_summary> evaluate_project(const project_config& cfg_in, const fs::pa
     if (set.size() == 0)
       return make_error("{}: no evaluation sequences (data.val_fraction is 0 or the data is shorter than data.seq_len)",
                         data_file.empty() ? cfg.resolve(cfg.data.train).string() : data_file);
-    auto r = evaluate_windows(in.weights, adapter_dir.empty() ? nullptr : &lora, set, cfg.run.batch_size, 0, obs, 0, cancel);
+    eval_result r;
+    if (cfg.parallel.schedule == "single") {
+      r = evaluate_windows(in.weights, adapter_dir.empty() ? nullptr : &lora, set, cfg.run.batch_size, 0, obs, 0, cancel);
+    } else {  // on the project's pipeline devices (the base model: a fresh LoRA, whose B is zero)
+      if (adapter_dir.empty()) lora = init_lora(in.weights, lora_config{}, 0);
+      LP_TRY_ASSIGN(rig, build_pipeline(cfg, in.weights, lora, obs, {}));
+      pipeline_validation scope(rig);
+      r = evaluate_windows(set, cfg.run.batch_size, 0, obs, 0, cancel, [&](const at::Tensor& x, const at::Tensor& y) {
+        return pipeline_batch_loss(rig, x, y, cfg.run.batch_size);
+      });
+    }
     return eval_summary{r.loss, std::exp(r.loss), r.tokens, set.size(),
                         data_file.empty() ? cfg.resolve(cfg.data.train).string() + " (validation split)" : fs::absolute(data_file).string()};
   });

@@ -128,44 +128,50 @@ class cuda_device final : public compute_device {
   int gpu() const override { return gpu_; }
 
 #ifdef LORAPIPE_HAS_NCCL
-  // This device's end of link `peer`'s communicator (sender: rank 0, receiver: rank 1).
+  // This device's end of link `peer`'s communicator (sender: rank 0, receiver: rank 1), with a stream
+  // of its own: the stream runs the link's operations in the communicator's order and nothing else, so
+  // a send waiting for its receive holds up neither other links nor the copies of offloads.
   void attach_nccl(int peer, bool sender, std::shared_ptr<cuda::nccl_comms> comms) {
-    (sender ? send_comms_ : recv_comms_)[peer] = std::move(comms);
+    (sender ? send_links_ : recv_links_).insert_or_assign(peer, nccl_link{std::move(comms), c10::cuda::getStreamFromPool(false, dev_index())});
   }
 
   void abort_communication() override {
-    for (auto* m : {&send_comms_, &recv_comms_})
-      for (auto& [peer, c] : *m) c->abort();
+    for (auto* m : {&send_links_, &recv_links_})
+      for (auto& [peer, l] : *m) l.comms->abort();
   }
 
-  // After the compute that produced `t`, on the download stream; the caching allocator keeps `t`'s
+  // After the compute that produced `t`, on the link's stream; the caching allocator keeps `t`'s
   // memory until the send is done (record_stream). No host wait: the receiver may post later.
   void nccl_send(int peer, const at::Tensor& t) override {
-    auto it = send_comms_.find(peer);
-    if (it == send_comms_.end()) return compute_device::nccl_send(peer, t);
-    ncclComm_t comm = it->second->rank(0);
-    if (comm == nullptr) throw device_error(fmt::format("{}: NCCL link to {} was aborted", name_, peer));
+    auto it = send_links_.find(peer);
+    if (it == send_links_.end()) return compute_device::nccl_send(peer, t);
     c10::cuda::CUDAGuard guard(dev_index());
     const at::Tensor s = t.contiguous();  // on the compute stream, before the event below
-    after_compute(dstream_);
-    LP_NCCL_CHECK(ncclSend(s.data_ptr(), s.numel() * s.element_size(), ncclUint8, /*peer rank=*/1, comm, dstream_.stream()));
-    s.record_stream(dstream_);
+    const auto& stream = it->second.stream;
+    after_compute(stream);
+    it->second.comms->use(0, [&](ncclComm_t comm) {  // an abort waits until the call is enqueued
+      if (comm == nullptr) throw device_error(fmt::format("{}: the NCCL link to {} was aborted", name_, peer));
+      LP_NCCL_CHECK(ncclSend(s.data_ptr(), s.numel() * s.element_size(), ncclUint8, /*peer rank=*/1, comm, stream.stream()));
+    });
+    s.record_stream(stream);
   }
 
-  // Into a fresh tensor on the activation stream; the compute stream waits for it by event.
+  // Into a fresh tensor on the link's stream; the compute stream waits for it by event.
   at::Tensor nccl_recv(int peer, at::IntArrayRef sizes, at::ScalarType dtype) override {
-    auto it = recv_comms_.find(peer);
-    if (it == recv_comms_.end()) return compute_device::nccl_recv(peer, sizes, dtype);
-    ncclComm_t comm = it->second->rank(1);
-    if (comm == nullptr) throw device_error(fmt::format("{}: NCCL link from {} was aborted", name_, peer));
+    auto it = recv_links_.find(peer);
+    if (it == recv_links_.end()) return compute_device::nccl_recv(peer, sizes, dtype);
     c10::cuda::CUDAGuard guard(dev_index());
     auto out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(torch_device()));  // on the compute stream
-    after_compute(astream_);  // its memory may have been used by compute just before
-    LP_NCCL_CHECK(ncclRecv(out.data_ptr(), out.numel() * out.element_size(), ncclUint8, /*peer rank=*/0, comm, astream_.stream()));
+    const auto& stream = it->second.stream;
+    after_compute(stream);  // its memory may have been used by compute just before
+    it->second.comms->use(1, [&](ncclComm_t comm) {
+      if (comm == nullptr) throw device_error(fmt::format("{}: the NCCL link from {} was aborted", name_, peer));
+      LP_NCCL_CHECK(ncclRecv(out.data_ptr(), out.numel() * out.element_size(), ncclUint8, /*peer rank=*/0, comm, stream.stream()));
+    });
     at::cuda::CUDAEvent received;
-    received.record(astream_);
+    received.record(stream);
     received.block(compute_);
-    out.record_stream(astream_);
+    out.record_stream(stream);
     return out;
   }
 #endif
@@ -229,7 +235,11 @@ class cuda_device final : public compute_device {
   at::cuda::CUDAEvent bounce_done_[2];
   at::cuda::CUDAEvent release_fence_;
 #ifdef LORAPIPE_HAS_NCCL
-  std::map<int, std::shared_ptr<cuda::nccl_comms>> send_comms_, recv_comms_;  // by peer device position
+  struct nccl_link {
+    std::shared_ptr<cuda::nccl_comms> comms;
+    c10::cuda::CUDAStream stream;
+  };
+  std::map<int, nccl_link> send_links_, recv_links_;  // by peer device position
 #endif
 };
 
@@ -268,7 +278,20 @@ status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::
   for (const auto& [from, to] : links) {
     if (from < 0 || to < 0 || from >= static_cast<int32_t>(cd.size()) || to >= static_cast<int32_t>(cd.size()))
       return make_error("parallel.transport: nccl: link {} -> {} names a device that does not exist", from, to);
-    auto comms = std::make_shared<cuda::nccl_comms>(std::vector<int>{gpus[static_cast<size_t>(from)], gpus[static_cast<size_t>(to)]});
+    const int g_from = gpus[static_cast<size_t>(from)], g_to = gpus[static_cast<size_t>(to)];
+    auto comms = std::make_shared<cuda::nccl_comms>(std::vector<int>{g_from, g_to});
+    {  // NCCL connects on a communicator's first operation, which may block the host: one tiny
+       // exchange now (both ranks from this thread, in one group), not inside the first step
+      cuda::device_buffer a(g_from, 64), b(g_to, 64);
+      LP_NCCL_CHECK(ncclGroupStart());
+      LP_NCCL_CHECK(ncclSend(a.data(), 64, ncclUint8, 1, comms->rank(0), nullptr));
+      LP_NCCL_CHECK(ncclRecv(b.data(), 64, ncclUint8, 0, comms->rank(1), nullptr));
+      LP_NCCL_CHECK(ncclGroupEnd());
+      for (int g : {g_from, g_to}) {
+        LP_CUDA_CHECK(cudaSetDevice(g));
+        LP_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+    }
     cd[static_cast<size_t>(from)]->attach_nccl(to, true, comms);
     cd[static_cast<size_t>(to)]->attach_nccl(from, false, comms);
   }

@@ -16,7 +16,7 @@ nccl_comms::nccl_comms(const std::vector<int>& gpus) : comms_(gpus.size(), nullp
 void nccl_comms::abort() {
   std::vector<ncclComm_t> live;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     live.swap(comms_);
     comms_.assign(live.size(), nullptr);
   }

@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "core/base/errors.h"
@@ -20,16 +21,20 @@ class nccl_comms {
   ~nccl_comms();
   nccl_comms(const nccl_comms&) = delete;
   nccl_comms& operator=(const nccl_comms&) = delete;
-  ncclComm_t rank(int i) const {  // nullptr once aborted
-    std::lock_guard lock(mu_);
-    return comms_.at(static_cast<size_t>(i));
+  ncclComm_t rank(int i) const { return comms_.at(static_cast<size_t>(i)); }  // not while abort() may run: use()
+  // Runs fn(rank i's communicator, or nullptr once aborted) while abort() cannot free it (calls that
+  // enqueue work; they return before the transfer happens).
+  template <class Fn>
+  void use(int i, Fn&& fn) const {
+    std::shared_lock lock(mu_);
+    fn(comms_.at(static_cast<size_t>(i)));
   }
-  // ncclCommAbort on every rank (once; later calls do nothing): pending operations end with an error.
+  // ncclCommAbort on every rank (once; later calls do nothing): enqueued operations end with an error.
   void abort();
 
  private:
   std::vector<ncclComm_t> comms_;
-  mutable std::mutex mu_;
+  mutable std::shared_mutex mu_;
 };
 
 }  // namespace lorapipe::cuda

@@ -120,7 +120,8 @@ def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rn
     plan = ["sigint"] + plan + ["timer"] * timers
     done_modes = []
     cmd = [cli, "train", pfile, "--output", out, "--db", db, *train_args]
-    attempts = killed = sound_after = 0
+    attempts = killed = 0
+    states = []  # (attempt, mode, rc, integrity_check, checkpoint problems) after every process
     completed = False
     while not completed and attempts < len(plan) + 3:
         mode = plan[attempts] if attempts < len(plan) else "none"
@@ -157,16 +158,18 @@ def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rn
             return
         integrity, _, _, _ = db_state(db, 1)
         problems = verify_checkpoints(root)
+        states.append((attempts, mode, rc, integrity, problems))
         if integrity != "ok" or problems:
-            check(f"{label}: after attempt {attempts} ({mode}, rc {rc})", False, f"integrity {integrity}; {problems}")
-            return
-        sound_after += 1
+            break  # a broken state: the check below reports it
         cmd = [cli, "resume", "1", "--db", db]
     missing = [m for m in hooks + ["sigint"] if m not in done_modes]
     check(f"{label}: run completed after {killed} kills in {attempts} attempts", completed and not missing,
           f"completed={completed}, planned stops that did not happen: {missing}")
-    check(f"{label}: database integrity and checkpoints sound after every kill", sound_after == attempts and killed > 0,
-          f"checked sound after {sound_after} of {attempts} attempts, {killed} kills")
+    broken = [s for s in states if s[3] != "ok" or s[4]]
+    check(f"{label}: database integrity and checkpoints sound after every kill", len(states) == attempts and not broken,
+          f"{len(states)} states checked for {attempts} processes; broken: {broken[:3]}")
+    if broken:
+        return
     integrity, metrics, evals, row = db_state(db, 1)
     adapter = open(os.path.join(out, "adapter/adapter_model.safetensors"), "rb").read()
     check(f"{label}: final LoRA weights bit-identical to the uninterrupted run", adapter == ref_adapter)
