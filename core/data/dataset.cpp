@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "core/base/safetensors.h"
@@ -46,6 +47,14 @@ token_windows make_windows(std::vector<int32_t> tokens, int64_t seq_len) {
 }
 }  // namespace
 
+void add_to_length_histogram(std::vector<std::pair<int64_t, int64_t>>& histogram, int64_t length) {
+  int64_t bound = 1;
+  while (bound < length) bound *= 2;
+  auto it = std::find_if(histogram.begin(), histogram.end(), [&](const auto& h) { return h.first == bound; });
+  if (it == histogram.end()) histogram.emplace_back(bound, 1);
+  else ++it->second;
+}
+
 result<text_dataset> load_text_dataset(const text_dataset_options& opt, const tokenizer& tok) {
   if (opt.seq_len < 2) return make_error("seq_len must be at least 2 (got {})", opt.seq_len);
   if (opt.val_fraction < 0 || opt.val_fraction >= 1) return make_error("val_fraction must be in [0, 1)");
@@ -55,15 +64,23 @@ result<text_dataset> load_text_dataset(const text_dataset_options& opt, const to
   std::vector<int32_t> stream;
   stream.reserve(text.size() / 3);
   int64_t done = 0;
+  text_dataset ds;
+  ds.min_len = std::numeric_limits<int64_t>::max();
   for (auto d : docs) {
     if (opt.progress && done++ % 64 == 0 && !opt.progress(done - 1, static_cast<int64_t>(docs.size())))
       return make_error("cancelled");
     LP_TRY_ASSIGN(ids, tok.encode(d));
+    const size_t start = stream.size();
     if (opt.add_bos && tok.bos_id() >= 0) stream.push_back(tok.bos_id());
     stream.insert(stream.end(), ids.begin(), ids.end());
     if (opt.add_eos && tok.eos_id() >= 0) stream.push_back(tok.eos_id());
+    const auto n = static_cast<int64_t>(stream.size() - start);
+    ds.min_len = std::min(ds.min_len, n);
+    ds.max_len = std::max(ds.max_len, n);
+    add_to_length_histogram(ds.histogram, n);
+    if (ds.preview.size() < opt.preview) ds.preview.emplace_back(stream.begin() + static_cast<std::ptrdiff_t>(start), stream.end());
   }
-  text_dataset ds;
+  std::sort(ds.histogram.begin(), ds.histogram.end());
   ds.documents = static_cast<int64_t>(docs.size());
   ds.total_tokens = static_cast<int64_t>(stream.size());
   const int64_t n = ds.total_tokens;

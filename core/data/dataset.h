@@ -40,12 +40,19 @@ struct text_dataset_options {
   bool add_bos = true;         // each document starts with BOS
   bool add_eos = true;         // and ends with EOS
   progress_fn progress;        // called every 64 documents; false stops with "cancelled"
+  size_t preview = 0;          // keep the ids of this many first documents (data inspection)
 };
+
+// Adds a length to a histogram of (upper bound, count) buckets at powers of two.
+void add_to_length_histogram(std::vector<std::pair<int64_t, int64_t>>& histogram, int64_t length);
 
 struct text_dataset {
   token_windows train, val;
   int64_t documents = 0;
   int64_t total_tokens = 0;
+  int64_t min_len = 0, max_len = 0;                      // tokens per document (with BOS/EOS)
+  std::vector<std::pair<int64_t, int64_t>> histogram;    // of document lengths, sorted by bound
+  std::vector<std::vector<int32_t>> preview;             // the first opt.preview documents
 };
 
 // Documents are separated by blank lines. Errors: missing/empty file, corpus too small for one window.

@@ -397,11 +397,7 @@ result<instruct_dataset> load_instruct_dataset(const instruct_options& opt, cons
     st.trained_tokens += trained;
     st.min_len = std::min(st.min_len, n);
     st.max_len = std::max(st.max_len, n);
-    int64_t bound = 1;
-    while (bound < n) bound *= 2;
-    auto it = std::find_if(st.histogram.begin(), st.histogram.end(), [&](const auto& h) { return h.first == bound; });
-    if (it == st.histogram.end()) st.histogram.emplace_back(bound, 1);
-    else ++it->second;
+    add_to_length_histogram(st.histogram, n);
     if (ds.preview.size() < preview) ds.preview.push_back(ex);
     ex.text.clear();  // only the previews keep their text
     ex.text.shrink_to_fit();

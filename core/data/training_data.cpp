@@ -21,13 +21,23 @@ result<training_data> load_training_data(const project_config& cfg, const tokeni
   training_data td;
   const bool jsonl = fmt != data_format::text || path.extension() == ".jsonl";
   if (!jsonl) {
-    text_dataset_options o{path, cfg.data.seq_len, cfg.data.val_fraction, cfg.data.add_bos, cfg.data.add_eos, progress};
+    text_dataset_options o{path, cfg.data.seq_len, cfg.data.val_fraction, cfg.data.add_bos, cfg.data.add_eos, progress, preview};
     LP_TRY_ASSIGN(ds, load_text_dataset(o, tok));
     td.train = std::move(ds.train);
     td.val = std::move(ds.val);
     td.stats.format = data_format::text;
-    td.stats.examples = ds.documents;
+    td.stats.records = td.stats.examples = ds.documents;
     td.stats.tokens = td.stats.trained_tokens = ds.total_tokens;
+    td.stats.min_len = ds.min_len, td.stats.max_len = ds.max_len;
+    td.stats.mean_len = ds.documents > 0 ? static_cast<double>(ds.total_tokens) / static_cast<double>(ds.documents) : 0;
+    td.stats.histogram = std::move(ds.histogram);
+    for (size_t i = 0; i < ds.preview.size(); ++i) {  // plain text: every token is trained on
+      tokenized_example ex;
+      ex.ids = std::move(ds.preview[i]);
+      ex.mask.assign(ex.ids.size(), 1);
+      ex.line = static_cast<int64_t>(i) + 1;
+      td.preview.push_back(std::move(ex));
+    }
     return td;
   }
   instruct_options o;

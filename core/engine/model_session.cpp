@@ -3,6 +3,12 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/file_io.h"
+#include "core/project/llama_config.h"
 #include "core/model/generate.h"
 #include "core/model/llama_model.h"
 #include "core/model/lora.h"
@@ -126,6 +132,45 @@ result<eval_summary> evaluate_model(const project_config& cfg, const fs::path& a
 
 result<data_report> inspect_data(const project_config& cfg, int64_t examples, const std::string& open, const std::string& close) {
   return guarded([&]() -> result<data_report> { return make_data_report(cfg, examples, open, close); });
+}
+
+result<model_info> describe_model(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  model_info info;
+  llama_config c;
+  if (fs::is_directory(p, ec)) {
+    LP_TRY_ASSIGN(text, read_text_file(p / "config.json"));
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) return make_error("{}: not valid JSON", (p / "config.json").string());
+    LP_TRY_ASSIGN(parsed, parse_llama_config(j, (p / "config.json").string()));
+    c = parsed;
+    info.format = "hf";
+    info.architecture = j.value("model_type", std::string("?"));
+  } else if (fs::is_regular_file(p, ec)) {
+    // llama2.c header: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (< 0: untied), seq_len
+    LP_TRY_ASSIGN(map, mapped_file::open(p));
+    if (map->size() < 7 * sizeof(int32_t)) return make_error("{}: too short for a llama2.c model", path);
+    int32_t h[7];
+    std::memcpy(h, map->data(), sizeof h);
+    c.hidden_size = h[0], c.intermediate_size = h[1], c.num_layers = h[2], c.num_heads = h[3], c.num_kv_heads = h[4];
+    c.vocab_size = std::abs(h[5]), c.max_position_embeddings = h[6], c.tie_word_embeddings = h[5] > 0;
+    if (c.num_heads <= 0 || c.hidden_size <= 0) return make_error("{}: not a llama2.c model", path);
+    c.head_dim = c.hidden_size / c.num_heads;
+    info.format = "llama2c";
+    info.architecture = "llama";
+    c.torch_dtype = "float32";
+  } else {
+    return make_error("{} does not exist", path);
+  }
+  info.dtype = c.torch_dtype;
+  info.parameters = c.num_parameters();
+  info.context_length = c.max_position_embeddings;
+  info.layers = c.num_layers, info.hidden_size = c.hidden_size, info.heads = c.num_heads, info.kv_heads = c.num_kv_heads;
+  info.vocab_size = c.vocab_size, info.tied_embeddings = c.tie_word_embeddings;
+  if (auto tok = find_tokenizer_for_model(p)) info.tokenizer = tok->string();
+  else info.tokenizer_error = tok.message();
+  return info;
 }
 
 }  // namespace lorapipe

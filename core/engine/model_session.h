@@ -69,6 +69,19 @@ class model_session {
   std::unique_ptr<state> s_;
 };
 
+// What a model path holds, read from its config.json (or llama2.c header) without loading weights:
+// for the GUI's model chooser and for `lorapipe-cli` messages.
+struct model_info {
+  std::string format;        // "hf" or "llama2c"
+  std::string architecture;  // config.json model_type (llama2.c: "llama")
+  std::string dtype;         // stored weights (config torch_dtype; llama2.c: float32)
+  int64_t parameters = 0, context_length = 0, layers = 0, hidden_size = 0, heads = 0, kv_heads = 0, vocab_size = 0;
+  bool tied_embeddings = false;
+  std::string tokenizer;     // the tokenizer file found for it ("" when none; tokenizer_error says why)
+  std::string tokenizer_error;
+};
+result<model_info> describe_model(const std::string& path);
+
 // Token ids of `text` (no BOS/EOS) with the tokenizer at `path` (file or model folder).
 result<std::vector<int32_t>> tokenize_text(const std::string& path, const std::string& text);
 

@@ -48,6 +48,23 @@ result<stored_run> stored_run_of(const fs::path& database, int64_t run) {
   });
 }
 
+status delete_run(const fs::path& database, int64_t run, bool with_files) {
+  return guarded([&]() -> status {
+    run_store s(database);
+    auto rec = s.get_run(run);
+    if (!rec) return make_error("no run {} in {}", run, database.string());
+    if (live_status(*rec) == "running") return make_error("run {} is still running (pid {}); stop it first", run, rec->pid);
+    if (with_files) {
+      std::error_code ec;
+      const auto dir = fs::path(rec->output_dir) / "checkpoints" / fmt::format("run-{}", run);
+      fs::remove_all(dir, ec);
+      if (ec) return make_error("cannot remove {}: {}", dir.string(), ec.message());
+    }
+    s.delete_run(run);
+    return ok_status();
+  });
+}
+
 status record_evaluation(const fs::path& database, int64_t run, int64_t step, const std::string& dataset, double loss, int64_t tokens) {
   return guarded([&]() -> status {
     run_store s(database);

@@ -29,6 +29,10 @@ struct stored_run {
 };
 result<stored_run> stored_run_of(const std::filesystem::path& database, int64_t run);
 
+// Deletes a run from the database; with_files also removes its checkpoints folder
+// (output_dir/checkpoints/run-<id>). A live run (its process still running) is refused.
+status delete_run(const std::filesystem::path& database, int64_t run, bool with_files);
+
 // Adds an evaluation row (split "eval") to a run.
 status record_evaluation(const std::filesystem::path& database, int64_t run, int64_t step, const std::string& dataset,
                          double loss, int64_t tokens);

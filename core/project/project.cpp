@@ -148,8 +148,8 @@ status validate_project(const project_config& c) {
        fmt::format("must be between 1 and {}", project_schema_version));
   need(!c.model.path.empty(), "model.path", "is required");
   if (!c.model.path.empty()) need(fs::exists(c.resolve(c.model.path), ec), "model.path", fmt::format("{} does not exist", c.resolve(c.model.path).string()));
-  need(c.model.dtype == "float32" || c.model.dtype == "bfloat16" || c.model.dtype == "float16", "model.dtype",
-       "must be float32, bfloat16 or float16");
+  auto dtype_ok = c.model.dtype == "float32" || c.model.dtype == "bfloat16" || c.model.dtype == "float16";
+  need(dtype_ok, "model.dtype", "must be float32, bfloat16 or float16");
   if (!c.tokenizer.path.empty())
     need(fs::exists(c.resolve(c.tokenizer.path), ec), "tokenizer.path", fmt::format("{} does not exist", c.resolve(c.tokenizer.path).string()));
   need(!c.data.train.empty(), "data.train", "is required");
@@ -159,10 +159,14 @@ status validate_project(const project_config& c) {
       if (v == o) return true;
     return false;
   };
-  need(one_of(c.data.format, {"auto", "text", "alpaca", "chat", "completion"}), "data.format", "must be auto, text, alpaca, chat or completion");
-  need(one_of(c.data.train_on, {"completion", "all"}), "data.train_on", "must be completion or all");
-  need(one_of(c.data.truncation, {"right", "left", "drop"}), "data.truncation", "must be right, left or drop");
-  need(one_of(c.data.on_error, {"stop", "skip"}), "data.on_error", "must be stop or skip");
+  auto choice = [&](const std::string& v, const char* field) {
+    const auto& options = field_choices(field);
+    need(std::find(options.begin(), options.end(), v) != options.end(), field, fmt::format("must be one of {}", fmt::join(options, ", ")));
+  };
+  choice(c.data.format, "data.format");
+  choice(c.data.train_on, "data.train_on");
+  choice(c.data.truncation, "data.truncation");
+  choice(c.data.on_error, "data.on_error");
   if (!one_of(c.data.chat_template, {"auto", "builtin"}))
     need(fs::is_regular_file(c.resolve(c.data.chat_template), ec), "data.chat_template",
          fmt::format("must be auto, builtin or a template file ({} does not exist)", c.resolve(c.data.chat_template).string()));
@@ -266,12 +270,70 @@ project_config with_absolute_paths(const project_config& c) {
   return a;
 }
 
-std::string project_field_table() {
+namespace {
+
+std::string field_unit(std::string_view path) {
+  static const std::pair<std::string_view, std::string_view> units[] = {
+      {"data.seq_len", "tokens"},          {"offload.device_memory_mb", "MiB"}, {"offload.copy_gbps", "GB/s"},
+      {"offload.pinned_memory_gb", "GB"},  {"run.steps", "steps"},              {"run.epochs", "epochs"},
+      {"run.batch_size", "sequences"},     {"run.eval_interval", "steps"},      {"run.eval_batches", "batches"},
+      {"run.sample_tokens", "tokens"},     {"run.checkpoint_interval", "steps"}, {"run.trace_interval", "steps"},
+      {"optimizer.warmup_steps", "steps"}, {"run.keep_checkpoints", "checkpoints"}, {"parallel.micro_batches", "micro-batches"},
+      {"run.grad_accum", "micro-batches"}, {"run.threads", "threads"},          {"parallel.threads_per_device", "threads"}};
+  for (const auto& [p, u] : units)
+    if (p == path) return std::string(u);
+  return {};
+}
+
+template <class T>
+const char* field_type() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_floating_point_v<T>) return "number";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else return "list";
+}
+
+}  // namespace
+
+const std::vector<std::string>& field_choices(std::string_view path) {
+  static const std::vector<std::pair<std::string_view, std::vector<std::string>>> choices = {
+      {"model.dtype", {"float32", "bfloat16", "float16"}},
+      {"data.format", {"auto", "text", "alpaca", "chat", "completion"}},
+      {"data.train_on", {"completion", "all"}},
+      {"data.truncation", {"right", "left", "drop"}},
+      {"data.on_error", {"stop", "skip"}},
+      {"parallel.schedule", {"single", "gpipe", "1f1b", "interleaved", "round-robin"}},
+      {"parallel.transport", {"auto", "host", "peer", "nccl"}},
+      {"offload.recompute_granularity", {"stage", "layer"}}};
+  static const std::vector<std::string> none;
+  for (const auto& [p, c] : choices)
+    if (p == path) return c;
+  return none;
+}
+
+std::vector<project_field> project_fields() {
+  static const std::set<std::string_view> folders = {"run.output_dir", "lora.init_adapter"};
+  static const std::set<std::string_view> files = {"model.path", "tokenizer.path", "data.train", "data.chat_template", "run.database"};
   project_config c;
-  std::string out = "| field | default | meaning |\n|---|---|---|\n";
+  std::vector<project_field> out;
   visit_fields(c, [&](const char* path, auto& member, const char* doc) {
-    out += fmt::format("| `{}` | `{}` | {} |\n", path, json(member).dump(), doc);
+    using T = std::decay_t<decltype(member)>;
+    project_field f{path, doc, field_type<T>(), json(member).dump(), field_unit(path), field_choices(path)};
+    f.is_folder = folders.count(path) > 0;
+    f.is_path = f.is_folder || files.count(path) > 0;
+    out.push_back(std::move(f));
   });
+  return out;
+}
+
+std::string project_field_table() {
+  std::string out = "| field | default | unit | meaning |\n|---|---|---|---|\n";
+  for (const auto& f : project_fields()) {
+    std::string doc = f.doc;
+    if (!f.choices.empty()) doc += fmt::format(" One of: {}.", fmt::join(f.choices, ", "));
+    out += fmt::format("| `{}` | `{}` | {} | {} |\n", f.path, f.default_json, f.unit, doc);
+  }
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/base/result.h"
@@ -180,7 +181,21 @@ project_config with_absolute_paths(const project_config& c);
 std::string config_hash(const project_config& cfg);
 // Number of devices in a parallel.devices spec ("cpu", "cpu:N", "cuda:I,J,..."); 0 when malformed.
 int64_t device_count(const std::string& spec);
-// Markdown table of all fields with defaults and documentation.
+// One field as a front-end shows it (the CLI's `init --fields` table, the GUI's project form),
+// all from visit_fields() plus the unit and choice tables in project.cpp.
+struct project_field {
+  std::string path, doc;
+  std::string type;                  // bool, integer, number, string or list (of strings)
+  std::string default_json;          // the default value as JSON
+  std::string unit;                  // e.g. "MiB", "GB/s", "tokens"; empty when unitless
+  std::vector<std::string> choices;  // the values a string field may take (empty: free text)
+  bool is_path = false;              // a file or folder (resolved against the project file)
+  bool is_folder = false;            // ... and a folder rather than a file
+};
+std::vector<project_field> project_fields();
+// The values a string field may take (empty: free text); validation checks against the same list.
+const std::vector<std::string>& field_choices(std::string_view path);
+// Markdown table of all fields with defaults, units and documentation.
 std::string project_field_table();
 
 }  // namespace lorapipe

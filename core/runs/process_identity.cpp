@@ -25,7 +25,8 @@ std::string boot_id() {
   return id;
 }
 
-// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); "" when the process is gone.
+// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); "" when the process is gone,
+// or dead and not yet reaped (a zombie: state 'Z', field 3; a container's init may never reap it).
 // The command name (field 2) may hold spaces and parentheses: fields are counted after its last ')'.
 std::string start_ticks(int64_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -35,8 +36,10 @@ std::string start_ticks(int64_t pid) {
   if (close == std::string::npos) return "";
   std::istringstream rest(line.substr(close + 1));
   std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 3 && (field == "Z" || field == "X")) return "";
     if (i == 22) return field;
+  }
   return "";
 }
 

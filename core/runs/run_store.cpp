@@ -233,6 +233,16 @@ void run_store::truncate_after(int64_t run, int64_t step) {
   t.commit();
 }
 
+bool run_store::delete_run(int64_t run) {
+  sqlite_txn t(*db_);
+  if (!get_run(run)) return false;
+  for (const char* table : {"metrics", "evaluations", "checkpoints", "events"})
+    sqlite_stmt(*db_, fmt::format("DELETE FROM {} WHERE run_id = ?", table)).bind(1, run).exec();
+  sqlite_stmt(*db_, "DELETE FROM runs WHERE id = ?").bind(1, run).exec();
+  t.commit();
+  return true;
+}
+
 void run_store::write(int64_t run, const run_batch& b) {
   if (b.empty()) return;
   sqlite_txn t(*db_);

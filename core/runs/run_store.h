@@ -93,6 +93,8 @@ class run_store {
   // Resume: metrics, evaluations and checkpoints after `step` belong to the lost tail (or to the timeline
   // a resume from an older checkpoint abandons) and are recomputed.
   void truncate_after(int64_t run, int64_t step);
+  // Removes a run and everything recorded for it (one transaction); false when there is no such run.
+  bool delete_run(int64_t run);
   void write(int64_t run, const run_batch& b);  // one transaction
 
   std::vector<run_record> list_runs(int64_t limit);

@@ -37,6 +37,7 @@ std::map<std::string, std::pair<json, json>> differences(const std::string& a, c
 // A run whose process died without setting a final status shows as "crashed" (one recorded on another
 // host stays "running": this host cannot tell).
 std::string live_status(const run_record& r) {
+  if (r.status == "interrupted") return "stopped";  // how the database stores a run stopped with a checkpoint
   return r.status == "running" && process_liveness(r.process()) == liveness::gone ? "crashed" : r.status;
 }
 

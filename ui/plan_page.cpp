@@ -1,0 +1,174 @@
+// Plan page: see plan_page.h.
+#include "ui/plan_page.h"
+
+#include <algorithm>
+
+#include <QFormLayout>
+#include <QGroupBox>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QSplitter>
+#include <QTableView>
+#include <QVBoxLayout>
+
+#include "core/engine/plan_report.h"
+#include "ui/async.h"
+#include "ui/charts.h"
+#include "ui/gantt_view.h"
+#include "ui/models.h"
+
+namespace lorapipe::ui {
+
+PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
+  auto* layout = new QVBoxLayout(this);
+  auto* controls = new QHBoxLayout;
+  schedule_ = new QComboBox;
+  schedule_->setObjectName("planSchedule");
+  for (const auto& s : field_choices("parallel.schedule")) schedule_->addItem(QString::fromStdString(s));
+  devices_ = new QLineEdit;
+  devices_->setObjectName("planDevices");
+  devices_->setToolTip(tr("cpu, cpu:N (CPU virtual devices) or cuda:0,1,…"));
+  micro_ = new QSpinBox;
+  micro_->setObjectName("planMicroBatches");
+  micro_->setRange(1, 1024);
+  gflops_ = new QDoubleSpinBox;
+  gflops_->setRange(1, 1e6);
+  gflops_->setValue(100);
+  gflops_->setSuffix(tr(" GFLOP/s"));
+  gflops_->setToolTip(tr("Assumed compute throughput per device for the prediction"));
+  auto* sl = new QLabel(tr("&Schedule"));
+  sl->setBuddy(schedule_);
+  auto* dl = new QLabel(tr("&Devices"));
+  dl->setBuddy(devices_);
+  auto* ml = new QLabel(tr("&Micro-batches"));
+  ml->setBuddy(micro_);
+  auto* gl = new QLabel(tr("&Throughput"));
+  gl->setBuddy(gflops_);
+  for (QWidget* w : std::initializer_list<QWidget*>{sl, schedule_, dl, devices_, ml, micro_, gl, gflops_}) controls->addWidget(w);
+  controls->addStretch(1);
+  layout->addLayout(controls);
+  summary_ = new QLabel;
+  summary_->setObjectName("planSummary");
+  summary_->setWordWrap(true);
+  summary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  layout->addWidget(summary_);
+  auto* split = new QSplitter(Qt::Vertical);
+  gantt_ = new GanttView;
+  gantt_->setObjectName("planGantt");
+  split->addWidget(gantt_);
+  auto* lower = new QWidget;
+  auto* h = new QHBoxLayout(lower);
+  h->setContentsMargins(0, 0, 0, 0);
+  memory_ = new BarChart(tr("Memory per device at its peak"));
+  memory_->setObjectName("planMemory");
+  h->addWidget(memory_, 1);
+  links_ = new TextTableModel(this);
+  auto* table = new QTableView;
+  table->setObjectName("planLinks");
+  table->setModel(links_);
+  table->verticalHeader()->hide();
+  table->horizontalHeader()->setStretchLastSection(true);
+  table->setWordWrap(true);
+  auto* box = new QGroupBox(tr("Links between stages"));
+  auto* bl = new QVBoxLayout(box);
+  bl->addWidget(table);
+  h->addWidget(box, 1);
+  split->addWidget(lower);
+  split->setStretchFactor(0, 1);
+  split->setStretchFactor(1, 1);
+  layout->addWidget(split, 1);
+  connect(schedule_, &QComboBox::currentTextChanged, this, [this](const QString& s) {
+    if (!loading_) emit fieldEdited("parallel.schedule", s);
+  });
+  connect(devices_, &QLineEdit::textEdited, this, [this](const QString& s) { emit fieldEdited("parallel.devices", s); });
+  connect(micro_, &QSpinBox::valueChanged, this, [this](int v) {
+    if (!loading_) emit fieldEdited("parallel.micro_batches", v);
+  });
+  connect(gflops_, &QDoubleSpinBox::valueChanged, this, &PlanPage::replan);
+}
+
+void PlanPage::setProject(const project_config& cfg, bool valid) {
+  cfg_ = cfg;
+  valid_ = valid;
+  loading_ = true;
+  schedule_->setCurrentText(QString::fromStdString(cfg.parallel.schedule));
+  if (devices_->text() != QString::fromStdString(cfg.parallel.devices) && !devices_->hasFocus())
+    devices_->setText(QString::fromStdString(cfg.parallel.devices));
+  micro_->setValue(static_cast<int>(cfg.parallel.micro_batches));
+  loading_ = false;
+  replan();
+}
+
+namespace {
+
+QString mib(double bytes) { return QString::number(bytes / 1048576.0, 'f', 2); }
+
+}  // namespace
+
+void PlanPage::replan() {
+  if (!valid_) {
+    summary_->setText(tr("Fix the project's problems (Project page) to see its plan."));
+    return;
+  }
+  busy_ = true;
+  const int generation = ++generation_;
+  auto cfg = cfg_;
+  const double gflops = gflops_->value();
+  runAsync(this, [cfg, gflops] { return make_plan(cfg, gflops); }, [this, generation](const result<plan_report>& r) {
+    if (generation != generation_) return;  // a newer change is being planned
+    busy_ = false;
+    ++planned_;
+    if (!r) {
+      summary_->setText(tr("No plan: %1").arg(QString::fromStdString(r.message())));
+      gantt_->setTimeline(tr("Simulated step"), {}, {}, 0);
+      links_->setTable({}, {});
+      emit planReady();
+      return;
+    }
+    const auto& p = *r;
+    const auto& sim = p.sim;
+    const double tokens = static_cast<double>(p.tokens_per_micro_batch) * p.prog.micro_batches;
+    summary_->setText(tr("<b>%1</b> on %2 device(s), %3 stages, %4 micro-batches of %5 tokens · predicted step <b>%6 s</b> · "
+                         "<b>%7 tokens/s</b> · bubble ratio <b>%8</b> (idle share of device time) · at %9 GFLOP/s per device")
+                          .arg(QString::fromStdString(p.prog.schedule))
+                          .arg(p.prog.num_devices())
+                          .arg(p.prog.stages.size())
+                          .arg(p.prog.micro_batches)
+                          .arg(p.tokens_per_micro_batch)
+                          .arg(sim.makespan_s, 0, 'g', 4)
+                          .arg(sim.makespan_s > 0 ? tokens / sim.makespan_s : 0, 0, 'f', 0)
+                          .arg(sim.bubble_ratio, 0, 'f', 3)
+                          .arg(p.gflops, 0, 'g', 4));
+    QStringList rows;
+    for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
+    std::vector<GanttBar> bars;
+    for (const auto& iv : sim.timeline) {
+      const QString text = QString::fromStdString(instr_to_text(iv.in));
+      bars.push_back({iv.device, iv.start_s, iv.end_s, text, barKindOf(text)});
+    }
+    gantt_->setTimeline(tr("Simulated step (compute per device; copies overlap it)"), rows, std::move(bars), sim.makespan_s);
+    BarChart::BarSet weights{tr("frozen weights (arena)"), {}}, acts{tr("activations and autograd graphs"), {}};
+    QStringList cats;
+    for (size_t d = 0; d < sim.peak_bytes.size(); ++d) {
+      cats << (d < p.devices.size() ? QString::fromStdString(p.devices[d].name) : QString::number(d));
+      const double arena = d < p.arenas.size() ? static_cast<double>(p.arenas[d].bytes) : 0.0;
+      weights.values.push_back(arena / 1048576.0);
+      acts.values.push_back(std::max(0.0, sim.peak_bytes[d] - arena) / 1048576.0);
+    }
+    const double cap = cfg_.offload.device_memory_mb > 0 ? cfg_.offload.device_memory_mb : -1;
+    memory_->setBars(cats, {weights, acts}, true, tr("device"), tr("MiB"), cap, tr("capacity (offload.device_memory_mb)"));
+    std::vector<QStringList> link_rows;
+    for (const auto& l : p.links)
+      link_rows.push_back({QString::fromStdString(p.devices[l.from].name) + " → " + QString::fromStdString(p.devices[l.to].name),
+                           QString::fromStdString(transport_name(l.kind)), QString::fromStdString(l.reason)});
+    links_->setTable({tr("Link"), tr("Transport"), tr("Why")}, std::move(link_rows));
+    memory_->setToolTip(tr("Peak per device: %1 MiB").arg([&] {
+      QStringList s;
+      for (double b : sim.peak_bytes) s << mib(b);
+      return s.join(", ");
+    }()));
+    emit planReady();
+  });
+}
+
+}  // namespace lorapipe::ui

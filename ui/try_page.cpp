@@ -1,0 +1,222 @@
+// Try & export page: see try_page.h.
+#include "ui/try_page.h"
+
+#include <QApplication>
+#include <QFileDialog>
+#include <QFormLayout>
+#include <QGroupBox>
+#include <QHBoxLayout>
+#include <QPointer>
+#include <QSplitter>
+#include <QVBoxLayout>
+
+#include "core/engine/model_session.h"
+#include "core/project/project.h"
+#include "ui/async.h"
+
+namespace lorapipe::ui {
+
+namespace {
+
+// Forwards the export's phase events to the page (queued onto the GUI thread).
+class ExportObserver final : public observer {
+ public:
+  explicit ExportObserver(QPointer<QLabel> label) : label_(std::move(label)) {}
+  void on_event(const engine_event& e) override {
+    const auto* p = std::get_if<phase_event>(&e);
+    if (!p) return;
+    const QString text = QStringLiteral("%1 %2").arg(QString::fromLatin1(phase_name(p->what)).replace('_', ' '), QString::fromStdString(p->detail));
+    QMetaObject::invokeMethod(qApp, [label = label_, text] {
+      if (label) label->setText(text);
+    }, Qt::QueuedConnection);
+  }
+
+ private:
+  QPointer<QLabel> label_;
+};
+
+QWidget* browseRow(QLineEdit* edit, bool folder, QWidget* parent) {
+  auto* w = new QWidget;
+  auto* h = new QHBoxLayout(w);
+  h->setContentsMargins(0, 0, 0, 0);
+  h->addWidget(edit, 1);
+  auto* b = new QPushButton(QObject::tr("Browse…"));
+  QObject::connect(b, &QPushButton::clicked, parent, [edit, folder, parent] {
+    const QString chosen = folder ? QFileDialog::getExistingDirectory(parent, QObject::tr("Choose a folder"), edit->text())
+                                  : QFileDialog::getOpenFileName(parent, QObject::tr("Choose a file"), edit->text());
+    if (!chosen.isEmpty()) edit->setText(chosen);
+  });
+  h->addWidget(b);
+  return w;
+}
+
+}  // namespace
+
+TryPage::TryPage(QWidget* parent) : QWidget(parent) {
+  auto* layout = new QVBoxLayout(this);
+  auto* source = new QFormLayout;
+  model_ = new QLineEdit;
+  model_->setObjectName("tryModel");
+  adapter_ = new QLineEdit;
+  adapter_->setObjectName("tryAdapter");
+  adapter_->setPlaceholderText(tr("PEFT adapter folder (a run's output_dir/adapter)"));
+  source->addRow(tr("&Model"), browseRow(model_, true, this));
+  source->addRow(tr("&Adapter"), browseRow(adapter_, true, this));
+  layout->addLayout(source);
+  auto* promptBox = new QHBoxLayout;
+  prompt_ = new QPlainTextEdit;
+  prompt_->setObjectName("tryPrompt");
+  prompt_->setPlaceholderText(tr("Prompt"));
+  prompt_->setPlainText("Once upon a time");
+  prompt_->setMaximumHeight(90);
+  promptBox->addWidget(prompt_, 1);
+  auto* opts = new QFormLayout;
+  chat_ = new QCheckBox(tr("C&hat (through the chat template)"));
+  tokens_ = new QSpinBox;
+  tokens_->setRange(1, 4096);
+  tokens_->setValue(64);
+  temperature_ = new QDoubleSpinBox;
+  temperature_->setRange(0, 2);
+  temperature_->setSingleStep(0.1);
+  temperature_->setToolTip(tr("0 = greedy"));
+  opts->addRow(chat_);
+  opts->addRow(tr("New &tokens"), tokens_);
+  opts->addRow(tr("T&emperature"), temperature_);
+  auto* buttons = new QHBoxLayout;
+  generate_ = new QPushButton(tr("&Generate"));
+  generate_->setObjectName("generateButton");
+  generate_->setDefault(true);
+  stop_ = new QPushButton(tr("St&op"));
+  stop_->setEnabled(false);
+  buttons->addWidget(generate_);
+  buttons->addWidget(stop_);
+  opts->addRow(buttons);
+  promptBox->addLayout(opts);
+  layout->addLayout(promptBox);
+  auto* sides = new QSplitter(Qt::Horizontal);
+  auto side = [&](const QString& title, QPlainTextEdit*& out, const char* name) {
+    auto* box = new QGroupBox(title);
+    auto* v = new QVBoxLayout(box);
+    out = new QPlainTextEdit;
+    out->setObjectName(name);
+    out->setReadOnly(true);
+    v->addWidget(out);
+    sides->addWidget(box);
+  };
+  side(tr("Base model"), base_, "baseOutput");
+  side(tr("With the adapter"), tuned_, "adapterOutput");
+  layout->addWidget(sides, 1);
+  auto* exp = new QGroupBox(tr("Export"));
+  auto* ef = new QHBoxLayout(exp);
+  format_ = new QComboBox;
+  format_->addItem(tr("PEFT adapter"), "peft");
+  format_->addItem(tr("merged model (HF folder)"), "merged");
+  dtype_ = new QComboBox;
+  for (const auto& d : field_choices("model.dtype")) dtype_->addItem(QString::fromStdString(d));
+  export_dir_ = new QLineEdit;
+  export_dir_->setObjectName("exportDir");
+  export_dir_->setPlaceholderText(tr("output folder"));
+  export_ = new QPushButton(tr("E&xport"));
+  export_->setObjectName("exportButton");
+  export_progress_ = new QProgressBar;
+  export_progress_->setRange(0, 1);
+  export_progress_->setMaximumWidth(140);
+  export_status_ = new QLabel;
+  export_status_->setObjectName("exportStatus");
+  ef->addWidget(format_);
+  ef->addWidget(dtype_);
+  ef->addWidget(browseRow(export_dir_, true, this), 1);
+  ef->addWidget(export_);
+  ef->addWidget(export_progress_);
+  ef->addWidget(export_status_, 1);
+  layout->addWidget(exp);
+  connect(generate_, &QPushButton::clicked, this, &TryPage::generate);
+  connect(stop_, &QPushButton::clicked, this, &TryPage::stop);
+  connect(export_, &QPushButton::clicked, this, [this] { exportTo(export_dir_->text(), format_->currentData().toString()); });
+}
+
+void TryPage::setModel(const QString& model) { model_->setText(model); }
+void TryPage::setAdapter(const QString& adapter) { adapter_->setText(adapter); }
+void TryPage::setPrompt(const QString& prompt) { prompt_->setPlainText(prompt); }
+
+void TryPage::generate() {
+  if (running_ > 0) return;
+  cancel_ = std::make_shared<cancel_token>();
+  base_->clear();
+  tuned_->clear();
+  startSide(base_, {});
+  if (!adapter_->text().trimmed().isEmpty()) startSide(tuned_, adapter_->text().trimmed());
+  else tuned_->setPlainText(tr("(no adapter chosen)"));
+  generate_->setEnabled(false);
+  stop_->setEnabled(true);
+}
+
+void TryPage::stop() {
+  if (cancel_) cancel_->request();
+}
+
+// One side: open the model (+ adapter) and stream its tokens into `out`.
+void TryPage::startSide(QPlainTextEdit* out, const QString& adapter) {
+  ++running_;
+  model_request mr{model_->text().trimmed().toStdString(), adapter.toStdString(), "", "float32", 1};
+  generate_request gr;
+  gr.prompt = prompt_->toPlainText().toStdString();
+  gr.chat = chat_->isChecked();
+  gr.max_new_tokens = tokens_->value();
+  gr.temperature = temperature_->value();
+  auto cancel = cancel_;
+  QPointer<QPlainTextEdit> target(out);
+  runAsync(this,
+           [mr, gr, cancel, target]() -> std::string {
+             auto m = model_session::open(mr);
+             if (!m) return m.message();
+             auto g = m->generate(gr, [target](int32_t, const std::string& piece) {
+               const QString text = QString::fromStdString(piece);
+               QMetaObject::invokeMethod(qApp, [target, text] {
+                 if (target) {
+                   target->moveCursor(QTextCursor::End);
+                   target->insertPlainText(text);
+                 }
+               }, Qt::QueuedConnection);
+               return true;
+             }, cancel.get());
+             return g ? std::string() : g.message();
+           },
+           [this, target](const std::string& err) {
+             if (!err.empty() && target) target->appendPlainText(tr("\n[error: %1]").arg(QString::fromStdString(err)));
+             if (--running_ == 0) {
+               generate_->setEnabled(true);
+               stop_->setEnabled(false);
+               emit generationFinished();
+             }
+           });
+}
+
+void TryPage::exportTo(const QString& folder, const QString& format) {
+  if (exporting_ || folder.trimmed().isEmpty()) {
+    export_status_->setText(tr("Choose an output folder first."));
+    return;
+  }
+  exporting_ = true;
+  export_->setEnabled(false);
+  export_progress_->setRange(0, 0);  // busy
+  const std::string model = model_->text().trimmed().toStdString(), adapter = adapter_->text().trimmed().toStdString();
+  const std::string out = folder.trimmed().toStdString(), fmt = format.toStdString(), dtype = dtype_->currentText().toStdString();
+  QPointer<QLabel> label(export_status_);
+  runAsync(this,
+           [=] {
+             ExportObserver obs(label);
+             auto st = export_adapter(model, adapter, out, fmt, dtype, obs);
+             return st ? std::string() : st.message();
+           },
+           [this, out](const std::string& err) {
+             exporting_ = false;
+             export_->setEnabled(true);
+             export_progress_->setRange(0, 1);
+             export_progress_->setValue(err.empty() ? 1 : 0);
+             export_status_->setText(err.empty() ? tr("Written to %1").arg(QString::fromStdString(out)) : tr("Export failed: %1").arg(QString::fromStdString(err)));
+             emit exportFinished(err.empty());
+           });
+}
+
+}  // namespace lorapipe::ui
