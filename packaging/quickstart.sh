@@ -5,6 +5,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/packaging/setup.sh"
-LORAPIPE_TARGETS="lorapipe-cli" bash "$root/packaging/build.sh"  # the executables only; tests build with test.sh
+LORAPIPE_TARGETS="lorapipe-cli lorapipe" bash "$root/packaging/build.sh"  # the executables only; tests build with test.sh
 project="${1:-$root/resources/examples/stories260K-shakespeare.json}"
 exec "${LORAPIPE_BUILD_DIR:-$root/build}/app/lorapipe-cli" train "$project"

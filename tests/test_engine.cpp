@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <set>
 
 #include <torch/torch.h>
 
 #include "core/base/errors.h"
+#include "core/base/safetensors.h"
 #include "core/engine/event_json.h"
 #include "core/engine/model_session.h"
 #include "core/engine/plan_report.h"
@@ -488,4 +490,80 @@ TEST(Engine, PromptsForTokenizersWithoutBos) {
   ASSERT_TRUE(with_bos.ok());
   EXPECT_EQ(with_bos->front(), (*sp)->bos_id());
   EXPECT_FALSE(prepare_prompt(**tok, "", {}).ok());
+}
+
+// The JSON-lines protocol read back (what the GUI does with a child's stream): every event a real
+// pipeline run reports survives event_to_json -> text -> event_from_json unchanged; bad lines are
+// errors naming the problem.
+TEST(Engine, EventsRoundTripThroughTheJsonProtocol) {
+  const auto dir = scratch("events");
+  auto cfg = small_project(dir, "gpipe", 3);
+  cfg.run.checkpoint_interval = 2;
+  const fs::path db = dir / "runs.db";
+  auto h = begin_run(cfg, "p.json", db);
+  ASSERT_TRUE(h.ok()) << h.message();
+  cancel_token never;
+  collector obs;
+  ASSERT_TRUE(execute_run(*h, obs, never).ok());
+  std::set<size_t> kinds;
+  for (const auto& e : obs.events) {
+    kinds.insert(e.index());
+    const std::string line = event_to_json(e).dump();
+    auto back = event_from_json(line);
+    ASSERT_TRUE(back.ok()) << back.message() << " in " << line;
+    EXPECT_EQ(back->index(), e.index());
+    EXPECT_EQ(event_to_json(*back).dump(), line);
+  }
+  EXPECT_EQ(kinds.size(), std::variant_size_v<engine_event>) << "a real run reports every kind of event";
+  EXPECT_NE(event_from_json("not json").message().find("not a JSON object"), std::string::npos);
+  EXPECT_NE(event_from_json(R"({"v":1})").message().find("no \"event\""), std::string::npos);
+  EXPECT_NE(event_from_json(R"({"v":1,"event":"teleport"})").message().find("unknown event 'teleport'"), std::string::npos);
+  EXPECT_NE(event_from_json(R"({"v":99,"event":"step"})").message().find("newer"), std::string::npos);
+  EXPECT_NE(event_from_json(R"({"v":1,"event":"phase","phase":"dreaming"})").message().find("unknown phase"), std::string::npos);
+
+  // Deleting: a live run is refused; a finished one goes with its checkpoints when asked.
+  const auto ckpt_dir = fs::path(cfg.run.output_dir) / "checkpoints" / ("run-" + std::to_string(h->run_id));
+  EXPECT_TRUE(fs::exists(ckpt_dir));
+  auto live = begin_run(cfg, "p.json", db);  // recorded as running by this (live) process
+  ASSERT_TRUE(live.ok());
+  EXPECT_NE(delete_run(db, live->run_id, false).message().find("still running"), std::string::npos);
+  ASSERT_TRUE(delete_run(db, h->run_id, true).ok());
+  EXPECT_FALSE(show_run(db, h->run_id).ok());
+  EXPECT_FALSE(fs::exists(ckpt_dir));
+  EXPECT_TRUE(fs::exists(fs::path(cfg.run.output_dir) / "adapter"));  // the adapter is the user's
+  EXPECT_NE(delete_run(db, h->run_id, false).message().find("no run"), std::string::npos);
+  EXPECT_TRUE(show_run(db, live->run_id).ok());
+}
+
+// What a model path holds, without loading weights: the HF folder and the llama2.c file agree.
+TEST(Engine, DescribeModelReadsTheConfigWithoutTheWeights) {
+  auto hf = describe_model((test_data_dir() / "models/stories260K/hf").string());
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_EQ(hf->format, "hf");
+  EXPECT_EQ(hf->architecture, "llama");
+  EXPECT_EQ(hf->layers, 5);
+  EXPECT_EQ(hf->hidden_size, 64);
+  EXPECT_EQ(hf->heads, 8);
+  EXPECT_EQ(hf->kv_heads, 4);
+  EXPECT_EQ(hf->vocab_size, 512);
+  EXPECT_EQ(hf->context_length, 512);
+  EXPECT_EQ(fs::path(hf->tokenizer).filename(), "tokenizer.model");
+  // The count from the config equals the elements stored in the checkpoint (its head is tied).
+  auto st = safetensors_file::open(test_data_dir() / "models/stories260K/hf/model.safetensors").value();
+  int64_t params = 0;
+  for (const auto& t : st.tensors()) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    if (t.name.find("rotary") == std::string::npos) params += n;
+  }
+  EXPECT_EQ(hf->parameters, params);
+  auto c = describe_model((test_data_dir() / "models/stories260K/llama2c/stories260K.bin").string());
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->format, "llama2c");
+  EXPECT_EQ(c->parameters, hf->parameters);
+  EXPECT_EQ(c->layers, 5);
+  EXPECT_EQ(c->kv_heads, 4);
+  EXPECT_FALSE(c->tokenizer.empty());
+  EXPECT_NE(describe_model("/no/such/model").message().find("does not exist"), std::string::npos);
+  EXPECT_FALSE(describe_model((test_data_dir() / "text/tinyshakespeare.txt").string()).ok());
 }

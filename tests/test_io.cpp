@@ -6,7 +6,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <algorithm>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -181,6 +183,43 @@ TEST(Project, ReportsEveryProblemWithItsField) {
     EXPECT_NE(v.message().find(s), std::string::npos) << s << " in " << v.message();
 }
 
+// The field table front-ends build their forms from: one entry per visit_fields() field, in order,
+// with its JSON type, default, unit and the choices validation checks against.
+TEST(Project, FieldTableCarriesTypesUnitsAndChoices) {
+  project_config c;
+  std::vector<std::string> visited;
+  visit_fields(c, [&](const char* path, auto&, const char*) { visited.push_back(path); });
+  const auto fields = project_fields();
+  ASSERT_EQ(fields.size(), visited.size());
+  std::map<std::string, project_field> by_path;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    EXPECT_EQ(fields[i].path, visited[i]);
+    EXPECT_FALSE(fields[i].doc.empty()) << fields[i].path;
+    by_path[fields[i].path] = fields[i];
+  }
+  EXPECT_EQ(by_path["data.seq_len"].type, "integer");
+  EXPECT_EQ(by_path["data.seq_len"].unit, "tokens");
+  EXPECT_EQ(by_path["data.seq_len"].default_json, "128");
+  EXPECT_EQ(by_path["optimizer.lr"].type, "number");
+  EXPECT_EQ(by_path["data.packing"].type, "bool");
+  EXPECT_EQ(by_path["lora.targets"].type, "list");
+  EXPECT_EQ(by_path["offload.device_memory_mb"].unit, "MiB");
+  EXPECT_EQ(by_path["parallel.schedule"].choices, (std::vector<std::string>{"single", "gpipe", "1f1b", "interleaved", "round-robin"}));
+  EXPECT_TRUE(by_path["model.path"].is_path);
+  EXPECT_TRUE(by_path["run.output_dir"].is_folder);
+  EXPECT_FALSE(by_path["name"].is_path);
+  // Every default of a choice field is one of its choices; validation names the choices.
+  for (const auto& f : fields)
+    if (!f.choices.empty())
+      EXPECT_NE(std::find(f.choices.begin(), f.choices.end(), json::parse(f.default_json).get<std::string>()), f.choices.end()) << f.path;
+  project_config bad;
+  bad.data.truncation = "middle";
+  EXPECT_NE(validate_project(bad).message().find("data.truncation: must be one of right, left, drop"), std::string::npos);
+  const auto table = project_field_table();
+  EXPECT_NE(table.find("| `data.seq_len` | `128` | tokens |"), std::string::npos);
+  EXPECT_NE(table.find("One of: single, gpipe, 1f1b, interleaved, round-robin."), std::string::npos);
+}
+
 // Golden ids from ../shared/data/tokenizers/*/golden.tsv (SentencePiece, no BOS/EOS).
 static void check_golden(const fs::path& model, const fs::path& tsv) {
   auto tok = load_tokenizer(model);
@@ -248,6 +287,26 @@ TEST(Dataset, PacksWindowsSplitsAndRejectsEmpty) {
   EXPECT_EQ(ds->train.tokens, want);
   EXPECT_EQ(ds->train.size(), static_cast<int64_t>((want.size() - 1) / 4));
   EXPECT_EQ(ds->train.window(1)[0], want[4]);
+  // Document statistics (data inspection): lengths with BOS/EOS, power-of-two histogram, previews.
+  std::vector<int64_t> lens;
+  for (const char* doc : {"Once upon a time.", "The end came.", "A third one here."})
+    lens.push_back(static_cast<int64_t>((*tok)->encode(doc).value().size()) + 2);
+  EXPECT_EQ(ds->min_len, *std::min_element(lens.begin(), lens.end()));
+  EXPECT_EQ(ds->max_len, *std::max_element(lens.begin(), lens.end()));
+  int64_t counted = 0;
+  for (auto [bound, n] : ds->histogram) {
+    counted += n;
+    for (int64_t l : lens)
+      if (l <= bound && l > bound / 2) EXPECT_GT(n, 0) << bound;
+  }
+  EXPECT_EQ(counted, 3);
+  EXPECT_TRUE(ds->preview.empty());  // none asked for
+  text_dataset_options op{d / "c.txt", 4, 0.0, true, true, {}, 2};
+  auto dp = load_text_dataset(op, **tok);
+  ASSERT_TRUE(dp.ok());
+  ASSERT_EQ(dp->preview.size(), 2u);
+  EXPECT_EQ(dp->preview[1].front(), 1);
+  EXPECT_EQ(static_cast<int64_t>(dp->preview[1].size()), lens[1]);
   // Validation split comes from the end of the stream.
   text_dataset_options o2{d / "c.txt", 4, 0.3, true, true, {}};
   auto ds2 = load_text_dataset(o2, **tok);

@@ -8,19 +8,21 @@
 
 #include <QFutureWatcher>
 #include <QObject>
+#include <QThreadPool>
 #include <QtConcurrent/QtConcurrentRun>
 
 namespace lorapipe::ui {
 
+// `pool`: long work (generation, export) gets its own pool so that it never queues the short reads.
 template <class Work, class Done>
-void runAsync(QObject* context, Work work, Done done) {
+void runAsync(QObject* context, Work work, Done done, QThreadPool* pool = QThreadPool::globalInstance()) {
   using R = std::invoke_result_t<Work>;
   auto* watcher = new QFutureWatcher<R>(context);
   QObject::connect(watcher, &QFutureWatcher<R>::finished, context, [watcher, done = std::move(done)]() mutable {
     done(watcher->result());
     watcher->deleteLater();
   });
-  watcher->setFuture(QtConcurrent::run(std::move(work)));
+  watcher->setFuture(QtConcurrent::run(pool, std::move(work)));
 }
 
 }  // namespace lorapipe::ui

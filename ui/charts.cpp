@@ -66,11 +66,13 @@ int CurveChart::addCurve(const QString& name, bool smoothed) {
 }
 
 void CurveChart::setCurve(int curve, std::vector<QPointF> points) {
+  std::erase_if(points, [](const QPointF& p) { return !std::isfinite(p.x()) || !std::isfinite(p.y()); });
   curves_.at(curve).raw = std::move(points);
   scheduleFlush();
 }
 
 void CurveChart::append(int curve, QPointF point) {
+  if (!std::isfinite(point.x()) || !std::isfinite(point.y())) return;  // a diverged loss is not a point
   curves_.at(curve).raw.push_back(point);
   scheduleFlush();
 }
@@ -101,6 +103,10 @@ void CurveChart::setSmoothing(double weight) {
 
 int CurveChart::rawPoints(int curve) const { return static_cast<int>(curves_.at(curve).raw.size()); }
 int CurveChart::drawnPoints(int curve) const { return static_cast<int>(curves_.at(curve).line->count()); }
+double CurveChart::lastDrawnX(int curve) const {
+  const auto* line = curves_.at(curve).line;
+  return line->count() > 0 ? line->at(line->count() - 1).x() : std::numeric_limits<double>::quiet_NaN();
+}
 
 void CurveChart::resizeEvent(QResizeEvent* e) {
   QChartView::resizeEvent(e);

@@ -34,6 +34,7 @@ class CurveChart : public QChartView {
   int curveCount() const { return static_cast<int>(curves_.size()); }
   int rawPoints(int curve) const;
   int drawnPoints(int curve) const;  // points the chart holds for the raw curve
+  double lastDrawnX(int curve) const;  // x of the last of them (NaN when none)
 
  protected:
   void resizeEvent(QResizeEvent* e) override;

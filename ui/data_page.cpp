@@ -108,6 +108,8 @@ void DataPage::refresh() {
   stale_ = false;
   if (!valid_) {
     status_->setText(tr("Fix the project's problems (Project page) to inspect its data."));
+    ++generation_;  // a result still coming for an earlier project is stale
+    busy_ = false;
     return;
   }
   busy_ = true;
@@ -146,7 +148,9 @@ void DataPage::refresh() {
     QStringList cats;
     BarChart::BarSet set{tr("examples"), {}};
     int64_t lower = 0;
+    histogram_total_ = 0;
     for (const auto& [upper, count] : s.histogram) {
+      histogram_total_ += count;
       cats << QStringLiteral("%1–%2").arg(lower + 1).arg(upper);
       set.values.push_back(static_cast<double>(count));
       lower = upper;

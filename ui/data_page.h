@@ -24,6 +24,7 @@ class DataPage : public QWidget {
   const TextTableModel* counts() const { return counts_; }
   QString examplesHtml() const { return examples_->toHtml(); }
   int histogramBars() const;
+  int64_t histogramTotal() const { return histogram_total_; }  // examples counted in the histogram
 
  signals:
   void reportReady();
@@ -31,6 +32,7 @@ class DataPage : public QWidget {
  private:
   project_config cfg_;
   bool valid_ = false, busy_ = false, stale_ = true;
+  int64_t histogram_total_ = 0;
   int generation_ = 0;
   QLabel* status_ = nullptr;
   TextTableModel* counts_ = nullptr;

@@ -104,7 +104,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
     const auto* model = runs_->runs();
     for (int r = 0; r < model->rowCount(); ++r)
       if (const auto* o = model->runAt(r); o && o->record.status == "completed") {
-        try_->setAdapter(QString::fromStdString(o->record.output_dir + "/adapter"));
+        try_->offerAdapter(QString::fromStdString(o->record.output_dir + "/adapter"));
         break;
       }
   });
@@ -185,6 +185,11 @@ bool MainWindow::openProject(const QString& file, QString* error) {
   project_->setProject(*cfg, file_);
   setModified(false);
   addRecent(file_);
+  // Try answers the project's sample prompt, as a chat turn when the project trains on chat data.
+  try_->setPrompt(QString::fromStdString(cfg->run.sample_prompt));
+  const auto& data = cfg->data;
+  try_->setChat(data.format == "chat" || data.format == "alpaca" ||
+                (data.format == "auto" && QString::fromStdString(data.train).endsWith(".jsonl")));
   statusBar()->showMessage(tr("Opened %1").arg(file_), 5000);
   return true;
 }
@@ -200,6 +205,12 @@ bool MainWindow::saveProject() {
 
 bool MainWindow::saveProjectAs(const QString& file) {
   const QString abs = QFileInfo(file).absoluteFilePath();
+  project_->validateNow();  // the form as typed, not as of the last debounce
+  if (!project_->parses()) {
+    QMessageBox::warning(this, tr("Cannot save project"),
+                         tr("Some fields do not parse:\n%1").arg(project_->problems().join('\n')));
+    return false;
+  }
   project_config cfg = project_->config();
   // Relative paths resolve against the project file's folder: keep them only if it stays the same.
   if (QFileInfo(abs).absolutePath().toStdString() != cfg.base_dir.string()) cfg = with_absolute_paths(cfg);
@@ -244,7 +255,11 @@ void MainWindow::onConfigChanged(const project_config& cfg) {
   const QString db = QString::fromStdString(resolve_database("", &cfg).string());
   runs_->setDatabase(db);
   train_->setDatabase(db);
-  if (!cfg.model.path.empty()) try_->setModel(QString::fromStdString(cfg.resolve(cfg.model.path).string()));
+  train_->setProjectFile(file_);
+  if (!cfg.model.path.empty())
+    try_->setModel(QString::fromStdString(cfg.resolve(cfg.model.path).string()),
+                   cfg.tokenizer.path.empty() ? QString() : QString::fromStdString(cfg.resolve(cfg.tokenizer.path).string()),
+                   QString::fromStdString(cfg.model.dtype));
   updateTitle();
 }
 
@@ -263,8 +278,8 @@ void MainWindow::closeEvent(QCloseEvent* e) {
     return;
   }
   if (train_->isLive()) {
-    CloseAnswer a = close_answer_;
-    if (a == Ask || a == Discard) {
+    CloseAnswer a = close_answer_ == Discard ? LeaveRunning : close_answer_;
+    if (a == Ask) {
       QMessageBox box(QMessageBox::Question, tr("A run is training"),
                       tr("Run %1 is still training. Stop it (it writes a checkpoint and can be resumed) or leave it running "
                          "in the background? lorapipe follows it again when you reopen.").arg(train_->runId()),
@@ -281,6 +296,8 @@ void MainWindow::closeEvent(QCloseEvent* e) {
     if (a == StopRun) train_->stop();
     else train_->process()->detach();
   }
+  try_->stop();  // a generation ends at its next token
+  hide();
   QThreadPool::globalInstance()->waitForDone(30000);  // background reads finish before the pages go
   e->accept();
 }

@@ -108,6 +108,8 @@ QString mib(double bytes) { return QString::number(bytes / 1048576.0, 'f', 2); }
 void PlanPage::replan() {
   if (!valid_) {
     summary_->setText(tr("Fix the project's problems (Project page) to see its plan."));
+    ++generation_;  // a result still coming for an earlier project is stale
+    busy_ = false;
     return;
   }
   busy_ = true;

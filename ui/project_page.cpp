@@ -12,7 +12,7 @@
 #include <QLineEdit>
 #include <QRegularExpression>
 #include <QScrollArea>
-#include <QSpinBox>
+#include <QRegularExpressionValidator>
 #include <QToolButton>
 #include <QVBoxLayout>
 
@@ -26,13 +26,14 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::pair<const char*, const char*> kSections[] = {{"model", "Model"},         {"tokenizer", "Tokenizer"},
+const std::pair<const char*, const char*> kSections[] = {{"name", "Project"},         {"model", "Model"},         {"tokenizer", "Tokenizer"},
                                                          {"data", "Data"},           {"lora", "LoRA"},
                                                          {"optimizer", "Optimizer"}, {"parallel", "Devices and schedule"},
                                                          {"offload", "Offload"},     {"run", "Run"}};
 
 QString labelOf(const std::string& path) {
-  QString key = QString::fromStdString(path.substr(path.find('.') + 1)).replace('_', ' ');
+  const auto dot = path.find('.');
+  QString key = QString::fromStdString(dot == std::string::npos ? path : path.substr(dot + 1)).replace('_', ' ');
   if (!key.isEmpty()) key[0] = key[0].toUpper();
   return key;
 }
@@ -70,7 +71,7 @@ ProjectPage::ProjectPage(QWidget* parent) : QWidget(parent) {
     form->setFieldGrowthPolicy(QFormLayout::ExpandingFieldsGrow);
     form->setLabelAlignment(Qt::AlignRight | Qt::AlignVCenter);
     forms[key] = form;
-    col[i < 4 ? 0 : 1]->addWidget(box);
+    col[i < 5 ? 0 : 1]->addWidget(box);
     ++i;
   }
   col[0]->addStretch(1);
@@ -130,16 +131,14 @@ QWidget* ProjectPage::makeEditor(Field& f) {
     for (const auto& choice : f.info.choices) c->addItem(QString::fromStdString(choice));
     connect(c, &QComboBox::currentTextChanged, this, [this, path] { onEdited(path); });
     w = c;
-  } else if (f.info.type == "integer") {
-    auto* s = new QSpinBox;
-    s->setRange(-1'000'000'000, 1'000'000'000);
-    s->setAccelerated(true);
-    connect(s, &QSpinBox::valueChanged, this, [this, path] { onEdited(path); });
-    w = s;
   } else {
     auto* e = new QLineEdit;
     connect(e, &QLineEdit::textEdited, this, [this, path] { onEdited(path); });
     if (f.info.type == "list") tip += "\nSeparate entries with spaces.";
+    if (f.info.type == "integer") {  // 64-bit values (seeds) do not fit a spin box
+      static const QRegularExpression integer("-?\\d{0,18}");
+      e->setValidator(new QRegularExpressionValidator(integer, e));
+    }
     w = e;
     if (f.info.is_path) {
       auto* box = new QWidget;
@@ -149,15 +148,28 @@ QWidget* ProjectPage::makeEditor(Field& f) {
       auto* browse = new QToolButton;
       browse->setText(tr("Browse…"));
       browse->setToolTip(tr("Choose %1").arg(path));
-      const bool folder = f.info.is_folder, model = f.info.path == "model.path";
-      connect(browse, &QToolButton::clicked, this, [this, e, path, folder, model] {
-        QString chosen = folder || model ? QFileDialog::getExistingDirectory(this, tr("Choose %1").arg(path), e->text())
-                                         : QFileDialog::getOpenFileName(this, tr("Choose %1").arg(path), e->text());
+      const bool folder = f.info.is_folder || f.info.path == "model.path";
+      connect(browse, &QToolButton::clicked, this, [this, e, path, folder] {
+        QString chosen = folder ? QFileDialog::getExistingDirectory(this, tr("Choose %1").arg(path), e->text())
+                                : QFileDialog::getOpenFileName(this, tr("Choose %1").arg(path), e->text());
         if (chosen.isEmpty()) return;
         e->setText(chosen);
         onEdited(path);
       });
       h->addWidget(browse);
+      if (f.info.path == "model.path") {  // a model is a folder (HF) or a file (llama2.c .bin)
+        browse->setText(tr("Folder…"));
+        auto* file = new QToolButton;
+        file->setText(tr("File…"));
+        file->setToolTip(tr("Choose a llama2.c .bin model file"));
+        connect(file, &QToolButton::clicked, this, [this, e, path] {
+          const QString chosen = QFileDialog::getOpenFileName(this, tr("Choose %1").arg(path), e->text(), tr("llama2.c models (*.bin);;All files (*)"));
+          if (chosen.isEmpty()) return;
+          e->setText(chosen);
+          onEdited(path);
+        });
+        h->addWidget(file);
+      }
       f.editor = e;
       e->setObjectName(path);
       e->setToolTip(tip);
@@ -184,7 +196,6 @@ void ProjectPage::setEditorValue(Field& f, const std::string& value_json) {
   const json v = json::parse(value_json, nullptr, false);
   if (auto* b = qobject_cast<QCheckBox*>(f.editor)) b->setChecked(v.is_boolean() && v.get<bool>());
   else if (auto* c = qobject_cast<QComboBox*>(f.editor)) c->setCurrentText(QString::fromStdString(v.is_string() ? v.get<std::string>() : ""));
-  else if (auto* s = qobject_cast<QSpinBox*>(f.editor)) s->setValue(v.is_number() ? static_cast<int>(v.get<int64_t>()) : 0);
   else if (auto* e = qobject_cast<QLineEdit*>(f.editor)) {
     QString text;
     if (v.is_string()) text = QString::fromStdString(v.get<std::string>());
@@ -192,7 +203,8 @@ void ProjectPage::setEditorValue(Field& f, const std::string& value_json) {
       QStringList parts;
       for (const auto& x : v) parts << QString::fromStdString(x.get<std::string>());
       text = parts.join(' ');
-    } else if (v.is_number()) text = QString::number(v.get<double>(), 'g', 10);
+    } else if (v.is_number_integer()) text = QString::number(v.get<int64_t>());
+    else if (v.is_number()) text = QString::number(v.get<double>(), 'g', 10);
     e->setText(text);
   }
 }
@@ -223,7 +235,6 @@ bool ProjectPage::setField(const QString& path, const QVariant& value) {
   QWidget* w = it->second.editor;
   if (auto* b = qobject_cast<QCheckBox*>(w)) b->setChecked(value.toBool());
   else if (auto* c = qobject_cast<QComboBox*>(w)) c->setCurrentText(value.toString());
-  else if (auto* s = qobject_cast<QSpinBox*>(w)) s->setValue(value.toInt());
   else if (auto* e = qobject_cast<QLineEdit*>(w)) {
     e->setText(value.toString());
     onEdited(path);
@@ -245,8 +256,11 @@ std::string ProjectPage::formJson() const {
     for (const auto& part : path.split('.')) node = &(*node)[part.toStdString()];
     if (auto* b = qobject_cast<QCheckBox*>(f.editor)) *node = b->isChecked();
     else if (auto* c = qobject_cast<QComboBox*>(f.editor)) *node = c->currentText().toStdString();
-    else if (auto* s = qobject_cast<QSpinBox*>(f.editor)) *node = static_cast<int64_t>(s->value());
-    else if (f.info.type == "list") {
+    else if (f.info.type == "integer") {
+      bool ok = false;
+      const qlonglong n = textOf(f).trimmed().toLongLong(&ok);
+      *node = ok ? json(static_cast<int64_t>(n)) : json(textOf(f).toStdString());
+    } else if (f.info.type == "list") {
       json a = json::array();
       for (const auto& part : textOf(f).split(QRegularExpression("[\\s,]+"), Qt::SkipEmptyParts)) a.push_back(part.toStdString());
       *node = a;

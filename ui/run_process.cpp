@@ -57,7 +57,10 @@ bool RunProcess::start(const QStringList& args, QString* error) {
     *error = tr("lorapipe-cli not found (next to lorapipe, in PATH or $LORAPIPE_CLI)");
     return false;
   }
-  QDir().mkpath(eventsDir());
+  if (!QDir().mkpath(eventsDir())) {
+    *error = tr("cannot create %1 (where the run's event stream is written)").arg(eventsDir());
+    return false;
+  }
   const QString staging = QStringLiteral("%1/starting-%2-%3.jsonl").arg(eventsDir()).arg(QCoreApplication::applicationPid()).arg(QDateTime::currentMSecsSinceEpoch());
   QProcess p;
   p.setProgram(program);
@@ -66,7 +69,8 @@ bool RunProcess::start(const QStringList& args, QString* error) {
   p.setStandardErrorFile(staging);
   qint64 pid = 0;
   if (!p.startDetached(&pid)) {
-    *error = tr("cannot start %1").arg(program);
+    *error = tr("cannot start %1: %2").arg(program, p.errorString());
+    QFile::remove(staging);
     return false;
   }
   const QString final = QStringLiteral("%1/%2.jsonl").arg(eventsDir()).arg(pid);
@@ -102,7 +106,8 @@ void RunProcess::readNew() {
   QFile f(path_);
   if (!f.open(QIODevice::ReadOnly)) return;
   if (!f.seek(offset_)) return;
-  const QByteArray bytes = f.readAll();
+  // At most 256 KiB per tick: following a long run's stream catches up without freezing the window.
+  const QByteArray bytes = f.read(256 * 1024);
   offset_ += bytes.size();
   partial_ += bytes;
   qsizetype nl;
@@ -143,15 +148,20 @@ void RunProcess::poll() {
   readNew();
   if (pid_ <= 0) return;
   if (!processGone(pid_)) return;
-  readNew();  // what it wrote before it went
+  for (qint64 before = -1; before != offset_;) {  // everything it wrote before it went
+    before = offset_;
+    readNew();
+  }
   timer_.stop();
   pid_ = 0;
+  QFile::remove(path_);  // the run database keeps what matters
   if (finished_seen_) {
     emit ended({});
     return;
   }
-  QString why = tr("the training process ended without finishing the run (killed, out of memory or crashed)");
-  if (!last_lines_.isEmpty()) why += ":\n" + last_lines_.join('\n');
+  QString why = last_lines_.isEmpty()
+                    ? tr("the training process ended without finishing the run and without a word (killed, out of memory or crashed)")
+                    : tr("the training process ended without finishing the run; its last words:\n%1").arg(last_lines_.join('\n'));
   emit ended(why);
 }
 

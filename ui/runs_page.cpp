@@ -185,15 +185,17 @@ void RunsPage::updateButtons() {
   const auto ids = selectedRuns();
   show_->setEnabled(ids.size() == 1);
   open_->setEnabled(ids.size() == 1);
-  delete_->setEnabled(ids.size() == 1);
   compare_->setEnabled(ids.size() >= 2);
-  bool resumable = false;
+  compare_->setToolTip(ids.size() > 2 ? tr("Curves of all selected runs; differences between the first two") : QString());
+  bool resumable = false, running = false;
   if (ids.size() == 1)
     if (const auto* r = model_->runAt(model_->rowOfRun(ids.front()))) {
       const auto st = live_status(r->record);
-      resumable = st == "stopped" || st == "crashed" || st == "failed" || st == "interrupted";
+      resumable = st == "stopped" || st == "crashed" || st == "failed";
+      running = st == "running";
     }
   resume_->setEnabled(resumable);
+  delete_->setEnabled(ids.size() == 1 && !running);
 }
 
 bool RunsPage::deleteRun(int64_t run, bool with_files) {

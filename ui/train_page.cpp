@@ -160,9 +160,10 @@ TrainPage::TrainPage(QWidget* parent) : QWidget(parent) {
 QStringList TrainPage::trainArguments(const QString& project_file) const { return {"train", project_file}; }
 
 QString TrainPage::copyCliCommand() const {
-  QString file = project_file_;
-  if (file.isEmpty()) return {};
-  return shellCommand(cliProgram().isEmpty() ? "lorapipe-cli" : cliProgram(), trainArguments(file));
+  const QString program = cliProgram().isEmpty() ? QStringLiteral("lorapipe-cli") : cliProgram();
+  if (!last_args_.isEmpty()) return shellCommand(program, last_args_);  // the launch on screen
+  if (project_file_.isEmpty()) return {};
+  return shellCommand(program, trainArguments(project_file_));
 }
 
 void TrainPage::setRunning(bool running) {
@@ -183,13 +184,17 @@ void TrainPage::showError(const QString& text) {
   error_->setVisible(!text.isEmpty());
 }
 
+// Everything shown of the previous run goes (a new run, a resumed one, another run shown).
 void TrainPage::resetCharts() {
+  ++request_;  // a database read still coming is for what was shown before
   points_.clear();
   val_.clear();
   wall_offset_ = last_wall_ = 0;
   device_curves_ = 0;
   memory_->removeAllCurves();
   memory_->addCurve(tr("process peak RSS"));
+  progress_->setValue(0);
+  eta_->clear();
   replot();
 }
 
@@ -204,7 +209,8 @@ bool TrainPage::start() {
   project_file_ = file;
   resetCharts();
   run_id_ = 0;
-  if (!process_->start(trainArguments(file) << "--json", &why)) {
+  last_args_ = trainArguments(file);
+  if (!process_->start(QStringList(last_args_) << "--json", &why)) {
     showError(why);
     return false;
   }
@@ -227,8 +233,10 @@ bool TrainPage::resumeRun(int64_t run) {
   if (isLive() || run <= 0) return false;
   showError({});
   QString why;
-  QStringList args = {"resume", QString::number(run), "--json"};
+  QStringList args = {"resume", QString::number(run)};
   if (!database_.isEmpty()) args << "--db" << database_;
+  last_args_ = args;
+  args << "--json";
   run_id_ = run;
   // The curves so far come from the database; the resumed process appends to them.
   resetCharts();
@@ -236,7 +244,7 @@ bool TrainPage::resumeRun(int64_t run) {
     showError(why);
     return false;
   }
-  appendLog(tr("$ %1").arg(shellCommand(cliProgram(), args)));
+  appendLog(tr("$ %1").arg(copyCliCommand()));
   status_->setText(tr("Resuming run %1…").arg(run));
   setRunning(true);
   return true;
@@ -253,13 +261,17 @@ double TrainPage::xOf(int64_t step, double wall) const {
 
 void TrainPage::addPoint(const Point& p, bool live) {
   // A resumed run re-reports steps after its checkpoint: the lost tail is replaced.
-  while (!points_.empty() && points_.back().step >= p.step) points_.pop_back();
+  bool rewound = false;
+  while (!points_.empty() && points_.back().step >= p.step) points_.pop_back(), rewound = true;
   if (live && !points_.empty() && p.step > 0 && p.wall + wall_offset_ < points_.back().wall) wall_offset_ = points_.back().wall;
   Point q = p;
   if (live) q.wall += wall_offset_;
-  const bool rewound = !points_.empty() && points_.back().step >= q.step;
   points_.push_back(q);
-  if (!live || rewound) return;
+  if (!live) return;
+  if (rewound) {
+    replot();
+    return;
+  }
   const double x = xOf(q.step, q.wall);
   loss_->append(0, {x, q.loss});
   lr_->append(0, {x, q.lr});
@@ -298,6 +310,11 @@ void TrainPage::replot() {
   lr_->setCurve(0, std::move(lr));
   speed_->setCurve(0, std::move(tps));
   memory_->setCurve(0, std::move(rss));
+  if (device_curves_ > static_cast<int64_t>(dev.size())) {  // fewer devices than the run shown before
+    memory_->removeAllCurves();
+    memory_->addCurve(tr("process peak RSS"));
+    device_curves_ = 0;
+  }
   while (device_curves_ < static_cast<int64_t>(dev.size())) memory_->addCurve(tr("device %1 arena peak").arg(device_curves_++));
   for (size_t d = 0; d < dev.size(); ++d) memory_->setCurve(1 + static_cast<int>(d), std::move(dev[d]));
   loss_->setAxisTitles(x_title, tr("loss (nats/token)"));
@@ -327,9 +344,9 @@ void TrainPage::onEvent(const engine_event& ev) {
                                .arg(e.lora_parameters));
           if (e.start_step > 0 && !database_.isEmpty()) {  // resumed: the curve so far from the database
             const auto db = database_.toStdString();
-            const int64_t run = e.run_id;
-            runAsync(this, [db, run] { return show_run(db, run); }, [this, run](const result<run_details>& d) {
-              if (d && run == run_id_) loadHistory(*d);
+            const int64_t run = e.run_id, start = e.start_step;
+            runAsync(this, [db, run] { return show_run(db, run); }, [this, run, start](const result<run_details>& d) {
+              if (d && run == run_id_) loadHistory(*d, start);
             });
           }
           emit runChanged(e.run_id, "running");
@@ -382,17 +399,29 @@ void TrainPage::onEnded(const QString& error) {
   setRunning(false);
   if (!error.isEmpty()) {
     showError(error);
-    status_->setText(tr("Run %1 failed").arg(run_id_));
+    status_->setText(run_id_ > 0 && !last_args_.isEmpty() ? tr("Run %1 failed").arg(run_id_) : tr("The run failed"));
     appendLog(error, "#b02020");
   }
   emit runChanged(run_id_, error.isEmpty() ? QStringLiteral("ended") : QStringLiteral("failed"));
 }
 
-void TrainPage::loadHistory(const run_details& d) {
+// The curves of a recorded run from the database. With keep_after >= 0 (a resumed run whose live
+// events already arrive), the database gives the steps up to keep_after and the live points after
+// it are kept: the recorder writes in batches, so the database may not have them yet.
+void TrainPage::loadHistory(const run_details& d, int64_t keep_after) {
+  std::vector<Point> live;
+  std::vector<std::pair<int64_t, double>> live_val;
+  if (keep_after >= 0) {
+    for (const auto& p : points_)
+      if (p.step > keep_after) live.push_back(p);
+    for (const auto& v : val_)
+      if (v.first > keep_after) live_val.push_back(v);
+  }
   points_.clear();
   val_.clear();
   double offset = 0, last = 0;
   for (const auto& m : d.metrics) {
+    if (keep_after >= 0 && m.step > keep_after) break;
     auto mem = nlohmann::json::parse(m.memory_json.empty() ? "{}" : m.memory_json, nullptr, false);
     Point p{m.step, m.elapsed_s, m.loss, m.lr, m.tokens_per_s, 0, {}};
     if (mem.is_object()) {
@@ -405,7 +434,15 @@ void TrainPage::loadHistory(const run_details& d) {
     points_.push_back(std::move(p));
   }
   for (const auto& e : d.evaluations)
-    if (e.split == "val") val_.emplace_back(e.step, e.loss);
+    if (e.split == "val" && (keep_after < 0 || e.step <= keep_after)) val_.emplace_back(e.step, e.loss);
+  // The live points (elapsed since their process started, plus the offset they were drawn with)
+  // continue the wall clock of the history.
+  for (auto& p : live) {
+    p.wall = p.wall - wall_offset_ + last;
+    points_.push_back(p);
+  }
+  wall_offset_ = last;
+  val_.insert(val_.end(), live_val.begin(), live_val.end());
   auto cfg = nlohmann::json::parse(d.record.config_json, nullptr, false);
   if (cfg.is_object()) {
     const auto run = cfg.value("run", nlohmann::json::object());
@@ -414,19 +451,23 @@ void TrainPage::loadHistory(const run_details& d) {
   }
   total_steps_ = d.record.total_steps;
   progress_->setRange(0, static_cast<int>(d.record.total_steps));
-  progress_->setValue(static_cast<int>(d.record.last_step));
+  progress_->setValue(static_cast<int>(std::max<int64_t>(d.record.last_step, points_.empty() ? 0 : points_.back().step)));
   replot();
 }
 
 void TrainPage::showRun(int64_t run) {
-  if (isLive() && run != run_id_) return;  // the live run stays on screen
+  if (isLive()) return;  // the live run stays on screen
   const auto db = database_.toStdString();
-  runAsync(this, [db, run] { return show_run(db, run); }, [this, run](const result<run_details>& d) {
+  const int request = ++request_;
+  runAsync(this, [db, run] { return show_run(db, run); }, [this, run, request](const result<run_details>& d) {
+    if (request != request_ || isLive()) return;  // something else was started or shown meanwhile
     if (!d) {
       showError(QString::fromStdString(d.message()));
       return;
     }
+    resetCharts();
     run_id_ = run;
+    last_args_.clear();
     showError({});
     loadHistory(*d);
     const std::string st = live_status(d->record);
@@ -439,16 +480,18 @@ void TrainPage::showRun(int64_t run) {
                 ev.level == "error" ? "#b02020" : ev.level == "warning" ? "#a06000" : QString());
     for (const auto& c : d->checkpoints)
       appendLog(tr("checkpoint at step %1: %2").arg(c.step).arg(QString::fromStdString(c.path)));
-    if (st == "running" && !process_->isRunning()) {
-      if (process_->attach(d->record.pid)) {  // started by an earlier window: its event stream
-        resetCharts();
-        status_->setText(tr("Following live run %1 (process %2)").arg(run).arg(d->record.pid));
-      } else {  // started elsewhere (a terminal): follow the database
-        following_db_ = true;
-        followed_pid_ = process_liveness(d->record.process()) == liveness::alive ? d->record.pid : 0;  // never a pid of another host
-        db_timer_.start();
-        status_->setText(tr("Following live run %1 from the database (process %2)").arg(run).arg(d->record.pid));
-      }
+    const bool alive_here = process_liveness(d->record.process()) == liveness::alive;
+    if (st == "running" && alive_here && process_->attach(d->record.pid)) {
+      // Started by an earlier window: its event stream from the start (the curves rebuild from it).
+      resetCharts();
+      run_id_ = run;
+      status_->setText(tr("Following live run %1 (process %2)").arg(run).arg(d->record.pid));
+      setRunning(true);
+    } else if (st == "running") {  // started from a terminal, or on another machine: the database
+      following_db_ = true;
+      followed_pid_ = alive_here ? d->record.pid : 0;  // never signal a pid of another host
+      db_timer_.start();
+      status_->setText(tr("Following live run %1 from the database (process %2)").arg(run).arg(d->record.pid));
       setRunning(true);
     } else {
       setRunning(false);
@@ -457,10 +500,13 @@ void TrainPage::showRun(int64_t run) {
 }
 
 void TrainPage::pollDatabase() {
+  if (polling_) return;  // the previous read is still running
+  polling_ = true;
   const auto db = database_.toStdString();
   const int64_t run = run_id_;
   runAsync(this, [db, run] { return show_run(db, run); }, [this, run](const result<run_details>& d) {
-    if (!d || run != run_id_) return;
+    polling_ = false;
+    if (!d || run != run_id_ || !following_db_) return;
     loadHistory(*d);
     const std::string st = live_status(d->record);
     if (st != "running") {

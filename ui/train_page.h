@@ -35,6 +35,7 @@ class TrainPage : public QWidget {
   // Saves the project and returns its file, or "" with *why set (problems, cancelled); set by the main window.
   void setProjectSaver(std::function<QString(QString* why)> saver) { save_project_ = std::move(saver); }
   void setDatabase(const QString& db) { database_ = db; }
+  void setProjectFile(const QString& file) { project_file_ = file; }
   QStringList trainArguments(const QString& project_file) const;
   bool start();
   void stop();
@@ -47,6 +48,7 @@ class TrainPage : public QWidget {
   QString errorText() const { return error_->isHidden() ? QString() : error_->text(); }
   RunProcess* process() const { return process_; }
   CurveChart* lossChart() const { return loss_; }
+  const GanttView* measuredTimeline() const { return measured_; }
   int stepPoints() const { return static_cast<int>(points_.size()); }
   QString copyCliCommand() const;
 
@@ -69,18 +71,20 @@ class TrainPage : public QWidget {
   double xOf(int64_t step, double wall) const;
   void resetCharts();
   void setRunning(bool running);
-  void loadHistory(const run_details& d);
+  void loadHistory(const run_details& d, int64_t keep_after = -1);
   void pollDatabase();
   void showError(const QString& text);
 
   std::function<QString(QString*)> save_project_;
   QString database_, project_file_;
+  QStringList last_args_;  // of the run started from this page (copy as CLI command)
   RunProcess* process_ = nullptr;
   int64_t run_id_ = 0, total_steps_ = 0, start_step_ = 0, tokens_per_step_ = 0, train_tokens_ = 0, device_curves_ = 0;
   double wall_offset_ = 0, last_wall_ = 0;
   std::vector<Point> points_;
   std::vector<std::pair<int64_t, double>> val_;
-  bool following_db_ = false;
+  bool following_db_ = false, polling_ = false;
+  int request_ = 0;  // the latest database read whose result may still be shown
   qint64 followed_pid_ = 0;
   QTimer db_timer_;
   QPushButton *start_ = nullptr, *stop_ = nullptr, *resume_ = nullptr, *copy_ = nullptr;

@@ -7,6 +7,7 @@
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QPointer>
+#include <optional>
 #include <QSplitter>
 #include <QVBoxLayout>
 
@@ -130,66 +131,108 @@ TryPage::TryPage(QWidget* parent) : QWidget(parent) {
   ef->addWidget(export_progress_);
   ef->addWidget(export_status_, 1);
   layout->addWidget(exp);
+  pool_ = new QThreadPool(this);
+  pool_->setMaxThreadCount(1);  // one model at work at a time; the global pool stays free for reads
   connect(generate_, &QPushButton::clicked, this, &TryPage::generate);
   connect(stop_, &QPushButton::clicked, this, &TryPage::stop);
   connect(export_, &QPushButton::clicked, this, [this] { exportTo(export_dir_->text(), format_->currentData().toString()); });
 }
 
-void TryPage::setModel(const QString& model) { model_->setText(model); }
-void TryPage::setAdapter(const QString& adapter) { adapter_->setText(adapter); }
-void TryPage::setPrompt(const QString& prompt) { prompt_->setPlainText(prompt); }
+struct TryPage::Loaded {
+  std::string key;                         // model | tokenizer | dtype
+  std::optional<model_session> session;
+};
 
-void TryPage::generate() {
-  if (running_ > 0) return;
-  cancel_ = std::make_shared<cancel_token>();
-  base_->clear();
-  tuned_->clear();
-  startSide(base_, {});
-  if (!adapter_->text().trimmed().isEmpty()) startSide(tuned_, adapter_->text().trimmed());
-  else tuned_->setPlainText(tr("(no adapter chosen)"));
-  generate_->setEnabled(false);
-  stop_->setEnabled(true);
+void TryPage::setModel(const QString& model, const QString& tokenizer, const QString& dtype) {
+  if (model == project_model_ && tokenizer == tokenizer_ && dtype == dtype_name_) return;
+  project_model_ = model, tokenizer_ = tokenizer, dtype_name_ = dtype;
+  model_->setText(model);
 }
+
+void TryPage::setAdapter(const QString& adapter) { adapter_->setText(adapter); }
+
+void TryPage::offerAdapter(const QString& adapter) {
+  if (!adapter_->text().isEmpty() && adapter_->text() != offered_adapter_) return;  // the user's choice stays
+  offered_adapter_ = adapter;
+  adapter_->setText(adapter);
+}
+
+void TryPage::setPrompt(const QString& prompt) { prompt_->setPlainText(prompt); }
 
 void TryPage::stop() {
   if (cancel_) cancel_->request();
 }
 
-// One side: open the model (+ adapter) and stream its tokens into `out`.
-void TryPage::startSide(QPlainTextEdit* out, const QString& adapter) {
-  ++running_;
-  model_request mr{model_->text().trimmed().toStdString(), adapter.toStdString(), "", "float32", 1};
+namespace {
+
+// Streams the tokens of one generation into `target` (queued onto the GUI thread).
+std::function<bool(int32_t, const std::string&)> streamInto(QPointer<QPlainTextEdit> target) {
+  return [target](int32_t, const std::string& piece) {
+    const QString text = QString::fromStdString(piece);
+    QMetaObject::invokeMethod(qApp, [target, text] {
+      if (!target) return;
+      target->moveCursor(QTextCursor::End);
+      target->insertPlainText(text);
+    }, Qt::QueuedConnection);
+    return true;
+  };
+}
+
+}  // namespace
+
+// The base model answers first, then the same loaded model with the adapter switched on.
+void TryPage::generate() {
+  if (running_ > 0) return;
+  cancel_ = std::make_shared<cancel_token>();
+  base_->clear();
+  tuned_->clear();
+  running_ = 1;
+  generate_->setEnabled(false);
+  stop_->setEnabled(true);
+  const QString model = model_->text().trimmed();
+  const bool own_tokenizer = model == project_model_;  // a model typed here finds its own tokenizer
+  model_request mr{model.toStdString(), "", own_tokenizer ? tokenizer_.toStdString() : std::string(),
+                   own_tokenizer ? dtype_name_.toStdString() : std::string("float32"), 0};
   generate_request gr;
   gr.prompt = prompt_->toPlainText().toStdString();
   gr.chat = chat_->isChecked();
   gr.max_new_tokens = tokens_->value();
   gr.temperature = temperature_->value();
+  const std::string adapter = adapter_->text().trimmed().toStdString();
+  if (!loaded_) loaded_ = std::make_shared<Loaded>();
+  auto loaded = loaded_;
   auto cancel = cancel_;
-  QPointer<QPlainTextEdit> target(out);
-  runAsync(this,
-           [mr, gr, cancel, target]() -> std::string {
-             auto m = model_session::open(mr);
-             if (!m) return m.message();
-             auto g = m->generate(gr, [target](int32_t, const std::string& piece) {
-               const QString text = QString::fromStdString(piece);
-               QMetaObject::invokeMethod(qApp, [target, text] {
-                 if (target) {
-                   target->moveCursor(QTextCursor::End);
-                   target->insertPlainText(text);
-                 }
-               }, Qt::QueuedConnection);
-               return true;
-             }, cancel.get());
-             return g ? std::string() : g.message();
-           },
-           [this, target](const std::string& err) {
-             if (!err.empty() && target) target->appendPlainText(tr("\n[error: %1]").arg(QString::fromStdString(err)));
-             if (--running_ == 0) {
-               generate_->setEnabled(true);
-               stop_->setEnabled(false);
-               emit generationFinished();
-             }
-           });
+  QPointer<QPlainTextEdit> base(base_), tuned(tuned_);
+  runAsync(
+      this,
+      [mr, gr, adapter, loaded, cancel, base, tuned]() -> std::pair<std::string, std::string> {
+        const std::string key = mr.model + "|" + mr.tokenizer + "|" + mr.dtype;
+        if (!loaded->session || loaded->key != key) {
+          loaded->session.reset();
+          auto m = model_session::open(mr);
+          if (!m) return {m.message(), ""};
+          loaded->session.emplace(std::move(*m));
+          loaded->key = key;
+        }
+        auto& s = *loaded->session;
+        std::pair<std::string, std::string> errors;
+        if (auto st = s.set_adapter(""); !st) return {st.message(), ""};
+        if (auto g = s.generate(gr, streamInto(base), cancel.get()); !g) errors.first = g.message();
+        if (adapter.empty()) return {errors.first, "no adapter chosen"};
+        if (cancel->requested()) return errors;
+        if (auto st = s.set_adapter(adapter); !st) return {errors.first, st.message()};
+        if (auto g = s.generate(gr, streamInto(tuned), cancel.get()); !g) errors.second = g.message();
+        return errors;
+      },
+      [this, base, tuned](const std::pair<std::string, std::string>& err) {
+        if (!err.first.empty() && base) base->appendPlainText(tr("\n[%1]").arg(QString::fromStdString(err.first)));
+        if (!err.second.empty() && tuned) tuned->appendPlainText(tr("\n[%1]").arg(QString::fromStdString(err.second)));
+        running_ = 0;
+        generate_->setEnabled(true);
+        stop_->setEnabled(false);
+        emit generationFinished();
+      },
+      pool_);
 }
 
 void TryPage::exportTo(const QString& folder, const QString& format) {
@@ -216,7 +259,8 @@ void TryPage::exportTo(const QString& folder, const QString& format) {
              export_progress_->setValue(err.empty() ? 1 : 0);
              export_status_->setText(err.empty() ? tr("Written to %1").arg(QString::fromStdString(out)) : tr("Export failed: %1").arg(QString::fromStdString(err)));
              emit exportFinished(err.empty());
-           });
+           },
+           pool_);
 }
 
 }  // namespace lorapipe::ui

@@ -1,6 +1,7 @@
 // Engine events as JSON: see event_json.h.
 #include "core/engine/event_json.h"
 
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -81,6 +82,8 @@ ojson event_to_json(const engine_event& ev) {
 
 namespace {
 
+constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+
 template <class T>
 T get(const nlohmann::json& j, const char* key, T fallback = T{}) {
   auto it = j.find(key);
@@ -147,9 +150,9 @@ engine_event step_from(const nlohmann::json& j) {
   step_event e;
   e.step = get<int64_t>(j, "step");
   e.total_steps = get<int64_t>(j, "total_steps");
-  e.loss = get<double>(j, "loss");
+  e.loss = get<double>(j, "loss", nan);  // JSON writes a NaN or infinite loss as null
   e.lr = get<double>(j, "lr");
-  e.grad_norm = get<double>(j, "grad_norm");
+  e.grad_norm = get<double>(j, "grad_norm", nan);
   e.tokens_per_s = get<double>(j, "tokens_per_s");
   e.elapsed_s = get<double>(j, "elapsed_s");
   e.start_step = get<int64_t>(j, "start_step");
@@ -163,7 +166,7 @@ result<engine_event> event_from(const nlohmann::json& j) {
   const auto kind = get<std::string>(j, "event");
   if (kind == "run_started") return started_from(j);
   if (kind == "step") return step_from(j);
-  if (kind == "eval") return engine_event{eval_event{get<int64_t>(j, "step"), get<double>(j, "val_loss"), get<int64_t>(j, "tokens")}};
+  if (kind == "eval") return engine_event{eval_event{get<int64_t>(j, "step"), get<double>(j, "val_loss", nan), get<int64_t>(j, "tokens")}};
   if (kind == "checkpoint")
     return engine_event{checkpoint_event{get<int64_t>(j, "step"), get<std::string>(j, "path"), get<std::string>(j, "sha256"),
                                          get<int64_t>(j, "bytes"), get<std::vector<int64_t>>(j, "removed_steps")}};

@@ -154,9 +154,18 @@ result<model_info> describe_model(const std::string& path) {
     int32_t h[7];
     std::memcpy(h, map->data(), sizeof h);
     c.hidden_size = h[0], c.intermediate_size = h[1], c.num_layers = h[2], c.num_heads = h[3], c.num_kv_heads = h[4];
-    c.vocab_size = std::abs(h[5]), c.max_position_embeddings = h[6], c.tie_word_embeddings = h[5] > 0;
-    if (c.num_heads <= 0 || c.hidden_size <= 0) return make_error("{}: not a llama2.c model", path);
+    c.vocab_size = std::abs(static_cast<int64_t>(h[5])), c.max_position_embeddings = h[6], c.tie_word_embeddings = h[5] > 0;
+    const bool sane = c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 && c.num_layers <= 4096 && c.num_heads > 0 &&
+                      c.num_kv_heads > 0 && c.hidden_size % c.num_heads == 0 && c.num_heads % c.num_kv_heads == 0 &&
+                      c.vocab_size > 0 && c.max_position_embeddings > 0;
+    if (!sane) return make_error("{}: not a llama2.c model (implausible header)", path);
     c.head_dim = c.hidden_size / c.num_heads;
+    // The weights that must follow the header (float32), without the optional RoPE tables.
+    const double D = static_cast<double>(c.hidden_size), H = static_cast<double>(c.intermediate_size), L = static_cast<double>(c.num_layers);
+    const double kv = static_cast<double>(c.num_kv_heads * c.head_dim), V = static_cast<double>(c.vocab_size);
+    const double floats = V * D + L * (2 * D + 2 * D * D + 2 * D * kv + 3 * D * H) + D + (c.tie_word_embeddings ? 0 : V * D);
+    if (static_cast<double>(map->size()) < 28 + 4 * floats)
+      return make_error("{}: not a llama2.c model ({} bytes, its header needs at least {:.0f})", path, map->size(), 28 + 4 * floats);
     info.format = "llama2c";
     info.architecture = "llama";
     c.torch_dtype = "float32";

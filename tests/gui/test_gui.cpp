@@ -17,6 +17,7 @@
 #include <QFile>
 #include <QLineEdit>
 #include <QPushButton>
+#include <QSettings>
 #include <QSpinBox>
 #include <QTemporaryDir>
 #include <QTest>
@@ -48,8 +49,13 @@ class LatencyProbe : public QObject {
     timer_.setInterval(20);
     timer_.setTimerType(Qt::PreciseTimer);
     QObject::connect(&timer_, &QTimer::timeout, this, [this] {
+      // A stall of L ms is every tick it swallowed, each late by what was left of L when it was due.
       const qint64 now = clock_.nsecsElapsed();
-      if (last_ > 0) late_ms_.push_back(std::max(0.0, (now - last_) / 1e6 - 20.0));
+      if (last_ > 0)
+        for (double late = (now - last_) / 1e6 - 20.0; ; late -= 20.0) {
+          late_ms_.push_back(std::max(0.0, late));
+          if (late < 20.0) break;
+        }
       last_ = now;
     });
   }
@@ -74,7 +80,15 @@ class LatencyProbe : public QObject {
   std::vector<double> late_ms_;
 };
 
-bool processAlive(qint64 pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) == 0; }
+// Alive and not a zombie (a container's init may never reap what startDetached left behind).
+bool processAlive(qint64 pid) {
+  if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) != 0) return false;
+  QFile stat(QStringLiteral("/proc/%1/stat").arg(pid));
+  if (!stat.open(QIODevice::ReadOnly)) return true;
+  const QByteArray text = stat.readAll();
+  const qsizetype close = text.lastIndexOf(')');
+  return !(close > 0 && close + 2 < text.size() && text[close + 2] == 'Z');
+}
 
 }  // namespace
 
@@ -82,7 +96,12 @@ class GuiTest : public QObject {
   Q_OBJECT
  private:
   QTemporaryDir tmp_;
+  QList<qint64> pids_;  // every training process a test started: none outlives the test
   QString db() const { return tmp_.filePath("runs.db"); }
+  QString fixture() const { return tmp_.filePath("fixture.lorapipe.json"); }
+  void track(TrainPage* train) {
+    if (train->process()->pid() > 0) pids_ << train->process()->pid();
+  }
   // Finds the run row's live status in the Runs table (after a refresh).
   QString runStatus(RunsPage* runs, int64_t id) {
     runs->refresh();
@@ -92,7 +111,10 @@ class GuiTest : public QObject {
   }
 
  private slots:
+  void initTestCase();
+  void cleanup();
   void modelsPassTheModelTester();
+  void dataPageMarksTrainedAndMaskedTokens();
   void decimationKeepsEveryPixelsExtremes();
   void curveOf100000PointsRendersFast();
   void ganttClassifiesInstructions();
@@ -100,6 +122,25 @@ class GuiTest : public QObject {
   void failingRunsLeaveTheWindowWorking();
   void runLeftRunningIsFollowedByTheNextWindow();
 };
+
+// A saved project the failure and follow tests start from (independent of mainFlow).
+void GuiTest::initTestCase() {
+  QVERIFY(tmp_.isValid());
+  const QString data = dataDir();
+  const QString text = QStringLiteral(R"({"schema_version": 2, "name": "fixture",
+    "model": {"path": "%1/models/stories260K/hf"}, "data": {"train": "%1/text/tinyshakespeare.txt", "seq_len": 64},
+    "run": {"steps": 100000, "batch_size": 8, "eval_interval": 0, "sample_tokens": 0, "checkpoint_interval": 0,
+            "output_dir": "%2", "database": "%3"}})").arg(data, tmp_.filePath("fixture-out"), db());
+  QFile f(fixture());
+  QVERIFY(f.open(QIODevice::WriteOnly));
+  f.write(text.toUtf8());
+}
+
+void GuiTest::cleanup() {
+  for (qint64 pid : pids_)
+    if (processAlive(pid)) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  pids_.clear();
+}
 
 void GuiTest::modelsPassTheModelTester() {
   RunTableModel runs;
@@ -208,10 +249,12 @@ void GuiTest::curveOf100000PointsRendersFast() {
   const double append_ms = t.nsecsElapsed() / 1e6;
   qInfo("5,000 live appends to it: %.2f ms", append_ms);
   QCOMPARE(chart.rawPoints(c), 105000);
-  QVERIFY(chart.drawnPoints(c) <= 2 * 900 + 2);  // not redrawn yet
-  QTRY_VERIFY(chart.drawnPoints(c) > 0 && chart.drawnPoints(c) <= 2 * 900 + 2);
-  chart.setLogY(true);
-  QVERIFY(chart.drawnPoints(c) > 0);
+  QCOMPARE(chart.lastDrawnX(c), 99999.0);  // not handed to the chart yet
+  QTRY_COMPARE(chart.lastDrawnX(c), 104999.0);  // the next decimation has them
+  QVERIFY(chart.drawnPoints(c) <= 2 * 900 + 2);
+  chart.setCurve(c, {{1, -1.0}, {2, 0.0}, {3, 0.5}, {4, 2.0}});
+  chart.setLogY(true);  // log y drops what it cannot show
+  QCOMPARE(chart.drawnPoints(c), 2);
 }
 
 void GuiTest::ganttClassifiesInstructions() {
@@ -222,6 +265,26 @@ void GuiTest::ganttClassifiesInstructions() {
   QCOMPARE(barKindOf("0PW"), BarKind::Copy);
   QCOMPARE(barKindOf("0STEP"), BarKind::Optimizer);
   QCOMPARE(barKindOf("0RW"), BarKind::Other);
+}
+
+// Chat data trains on the assistant turns only: the examples show both kinds of tokens.
+void GuiTest::dataPageMarksTrainedAndMaskedTokens() {
+  const QString data = dataDir();
+  DataPage page;
+  project_config cfg;
+  cfg.model.path = (data + "/models/stories260K/hf").toStdString();
+  cfg.data.train = (data + "/instruct/quiz_chat.jsonl").toStdString();
+  page.show();
+  page.setProject(cfg, true);
+  QTRY_VERIFY_WITH_TIMEOUT(!page.busy() && page.counts()->rowCount() > 0, 60000);
+  QCOMPARE(page.counts()->text(0, 1), QString("600"));  // records
+  const QString html = page.examplesHtml();
+  const QString examples = html.mid(html.indexOf("Example 1"));
+  QVERIFY(examples.contains("#c8ecd0"));   // trained: the answers
+  QVERIFY(examples.contains("#777777"));   // masked: the prompts and template
+  QVERIFY(page.histogramBars() == 1 && page.histogramTotal() > 0);
+  page.setProject(cfg, false);  // an invalid project: no stale report replaces the message
+  QTRY_VERIFY(!page.busy());
 }
 
 void GuiTest::mainFlow() {
@@ -239,16 +302,21 @@ void GuiTest::mainFlow() {
   QVERIFY(project->modelSummary().contains("tokenizer.model"));
   QVERIFY(w.isWindowModified());
   // A validation error appears next to its field as you type, and goes when fixed.
-  auto* seq = qobject_cast<QSpinBox*>(project->editor("data.seq_len"));
+  auto* seq = qobject_cast<QLineEdit*>(project->editor("data.seq_len"));
   QVERIFY(seq);
-  seq->setValue(4096);
+  seq->selectAll();
+  QTest::keyClicks(seq, "4096");  // typed: the inline error appears without anything else done
   QTRY_VERIFY(project->fieldError("data.seq_len").contains("context length"));
   QVERIFY(project->fieldError("model.path").isEmpty());
-  seq->setValue(64);
+  seq->selectAll();
+  QTest::keyClicks(seq, "128");
   QTRY_VERIFY(project->fieldError("data.seq_len").isEmpty());
+  QVERIFY(project->editor("name") != nullptr);  // every field has an editor
+  for (const auto& f : project_fields())
+    if (f.path != "schema_version") QVERIFY2(project->editor(QString::fromStdString(f.path)), f.path.c_str());
   QVERIFY(project->setField("run.output_dir", tmp_.filePath("out")));
   QVERIFY(project->setField("run.database", db()));
-  QVERIFY(project->setField("run.steps", 150));
+  QVERIFY(project->setField("run.steps", 120));
   QVERIFY(project->setField("run.eval_interval", 50));
   QVERIFY(project->setField("run.sample_tokens", 0));
   QVERIFY(project->setField("run.checkpoint_interval", 0));
@@ -259,6 +327,7 @@ void GuiTest::mainFlow() {
   QVERIFY(!w.isWindowModified());
   QVERIFY(QFile::exists(tmp_.filePath("p.lorapipe.json")));
   QVERIFY(w.windowTitle().contains("p.lorapipe.json"));
+  QCOMPARE(QSettings().value("recentProjects").toStringList().value(0), tmp_.filePath("p.lorapipe.json"));
 
   // Data: counts, histogram, examples with trained tokens highlighted.
   w.showPage(MainWindow::DataIndex);
@@ -266,7 +335,10 @@ void GuiTest::mainFlow() {
   QCOMPARE(w.dataPage()->counts()->text(0, 0), QString("Records"));
   QVERIFY(w.dataPage()->counts()->text(1, 1).toInt() > 1000);  // documents of Tiny Shakespeare
   QCOMPARE(w.dataPage()->histogramBars(), 1);
-  QVERIFY(w.dataPage()->examplesHtml().contains("#c8ecd0"));
+  QVERIFY(w.dataPage()->histogramTotal() == w.dataPage()->counts()->text(1, 1).toInt());  // every document counted
+  const QString examples = w.dataPage()->examplesHtml();
+  QVERIFY(examples.contains("Example 1"));
+  QVERIFY(examples.mid(examples.indexOf("Example 1")).contains("#c8ecd0"));  // plain text: all trained
 
   // Plan for cpu:2, changed from the Plan page's own controls.
   w.showPage(MainWindow::PlanIndex);
@@ -292,6 +364,7 @@ void GuiTest::mainFlow() {
   QVERIFY(!w.isWindowModified());  // saved before it started
   QVERIFY(train->copyCliCommand().contains("train"));
   QVERIFY(train->copyCliCommand().contains("p.lorapipe.json"));
+  track(train);
   QTRY_VERIFY_WITH_TIMEOUT(train->lossChart()->rawPoints(0) > 0, 60000);
   const int64_t run1 = train->runId();
   QVERIFY(run1 > 0);
@@ -300,7 +373,7 @@ void GuiTest::mainFlow() {
   QVERIFY2(train->statusText().contains("stopped"), qPrintable(train->statusText()));
   QVERIFY(train->errorText().isEmpty());
   const int stopped_at = train->stepPoints();
-  QVERIFY(stopped_at > 0 && stopped_at < 150);
+  QVERIFY(stopped_at > 0 && stopped_at < 120);
 
   // Runs: the run is there, stopped; resume it to the end from the Runs page.
   auto* runs = w.runsPage();
@@ -312,9 +385,14 @@ void GuiTest::mainFlow() {
   QTest::mouseClick(resume, Qt::LeftButton);
   QCOMPARE(w.currentPage(), MainWindow::TrainIndex);
   QVERIFY(train->isLive());
+  track(train);
+  QVERIFY(train->copyCliCommand().contains(QStringLiteral("resume %1").arg(run1)));
   QTRY_VERIFY_WITH_TIMEOUT(!train->isLive(), 120000);
   QVERIFY2(train->statusText().contains("completed"), qPrintable(train->statusText()));
-  QTRY_COMPARE_WITH_TIMEOUT(train->stepPoints(), 150, 10000);  // the history before the stop and the resumed steps
+  // The curve is whole: the history before the stop from the database, then the resumed steps.
+  QTRY_COMPARE_WITH_TIMEOUT(train->stepPoints(), 120, 10000);
+  QCOMPARE(train->lossChart()->rawPoints(0), 120);
+  QVERIFY(train->measuredTimeline()->rowCount() == 2 && !train->measuredTimeline()->bars().empty());  // a traced step
   probe.stop();
   qInfo("event-loop latency while training: p50 %.1f ms, p99 %.1f ms, max %.1f ms over %zu ticks", probe.percentile(0.5),
         probe.percentile(0.99), probe.percentile(1.0), probe.samples());
@@ -326,7 +404,9 @@ void GuiTest::mainFlow() {
   QVERIFY(project->setField("run.steps", 30));
   QVERIFY(project->setField("parallel.devices", "cpu"));
   QVERIFY(project->setField("parallel.schedule", "single"));
+  QVERIFY(project->setField("run.output_dir", tmp_.filePath("out2")));
   QVERIFY(train->start());
+  track(train);
   QTRY_VERIFY_WITH_TIMEOUT(!train->isLive(), 120000);
   const int64_t run2 = train->runId();
   QVERIFY(run2 > run1);
@@ -338,7 +418,7 @@ void GuiTest::mainFlow() {
   QTRY_COMPARE_WITH_TIMEOUT(runs->comparisons(), 1, 20000);
   QCOMPARE(runs->overlay()->curveCount(), 2);
   bool steps_differ = false;
-  for (int r = 0; r < runs->diff()->rowCount(); ++r) steps_differ |= runs->diff()->text(r, 0) == "run.steps" && runs->diff()->text(r, 1) == "150";
+  for (int r = 0; r < runs->diff()->rowCount(); ++r) steps_differ |= runs->diff()->text(r, 0) == "run.steps" && runs->diff()->text(r, 1) == "120";
   QVERIFY(steps_differ);
 
   // Try: the base model and the adapter side by side; export the adapter.
@@ -357,9 +437,15 @@ void GuiTest::mainFlow() {
   QVERIFY2(QFile::exists(tmp_.filePath("export/config.json")), qPrintable(tryPage->exportStatus()));
   QVERIFY(QFile::exists(tmp_.filePath("export/model.safetensors")));
 
-  // Delete the second run (database row).
+  // Delete the second run: its row and its checkpoints; the first run's stay.
+  const QString ckpt2 = tmp_.filePath(QStringLiteral("out2/checkpoints/run-%1").arg(run2));
+  const QString ckpt1 = tmp_.filePath(QStringLiteral("out/checkpoints/run-%1").arg(run1));
+  QVERIFY(QFile::exists(ckpt2) && QFile::exists(ckpt1));
   QVERIFY(runs->deleteRun(run2, true));
   QCOMPARE(runStatus(runs, run2), QString("missing"));
+  QVERIFY(!QFile::exists(ckpt2));
+  QVERIFY(QFile::exists(ckpt1));
+  QCOMPARE(runStatus(runs, run1), QString("completed"));
   w.setCloseAnswer(MainWindow::Discard);
   w.close();
 }
@@ -369,13 +455,14 @@ void GuiTest::failingRunsLeaveTheWindowWorking() {
   QString error;
   MainWindow w;
   w.show();
-  QVERIFY(w.openProject(tmp_.filePath("p.lorapipe.json"), &error));
+  QVERIFY2(w.openProject(fixture(), &error), qPrintable(error));
   auto* project = w.projectPage();
   auto* train = w.trainPage();
   // A model path that exists but is no model: the run's process fails, the window shows why.
   QVERIFY(project->setField("model.path", data + "/text/tinyshakespeare.txt"));
   project->validateNow();
   QVERIFY(train->start());
+  track(train);
   QTRY_VERIFY_WITH_TIMEOUT(!train->isLive(), 60000);
   QVERIFY2(!train->errorText().isEmpty(), qPrintable(train->statusText()));
   QVERIFY2(train->errorText().contains("tinyshakespeare"), qPrintable(train->errorText()));
@@ -386,16 +473,31 @@ void GuiTest::failingRunsLeaveTheWindowWorking() {
   QVERIFY(!project->fieldError("model.path").isEmpty());
   // SIGKILL in the middle of a run: the window stays, the error is shown, the run reads as crashed.
   QVERIFY(project->setField("model.path", data + "/models/stories260K/hf"));
-  QVERIFY(project->setField("run.steps", 100000));
+  QVERIFY(project->setField("run.checkpoint_interval", 5));
   QVERIFY(train->start());
-  QTRY_VERIFY_WITH_TIMEOUT(train->lossChart()->rawPoints(0) > 0, 60000);
+  track(train);
+  QTRY_VERIFY_WITH_TIMEOUT(train->lossChart()->rawPoints(0) >= 8, 60000);  // past its first checkpoint
   const int64_t run = train->runId();
   train->process()->kill();
   QTRY_VERIFY_WITH_TIMEOUT(!train->isLive(), 30000);
   QVERIFY2(train->errorText().contains("ended without finishing"), qPrintable(train->errorText()));
   QVERIFY(w.isVisible());
   QVERIFY(train->findChild<QPushButton*>("startButton")->isEnabled());
-  QCOMPARE(runStatus(w.runsPage(), run), QString("crashed"));
+  auto* runs = w.runsPage();
+  QCOMPARE(runStatus(runs, run), QString("crashed"));
+  // The crashed run resumes from the Runs page, from its last checkpoint, and stops again cleanly.
+  runs->selectRuns({run});
+  auto* resume = runs->findChild<QPushButton*>("runsResumeButton");
+  QVERIFY(resume->isEnabled());
+  QTest::mouseClick(resume, Qt::LeftButton);
+  QVERIFY(train->isLive());
+  track(train);
+  QVERIFY(train->errorText().isEmpty());
+  QTRY_VERIFY_WITH_TIMEOUT(train->stepPoints() > 10, 60000);
+  train->stop();
+  QTRY_VERIFY_WITH_TIMEOUT(!train->isLive(), 60000);
+  QVERIFY2(train->statusText().contains("stopped"), qPrintable(train->statusText()));
+  QCOMPARE(runStatus(runs, run), QString("stopped"));
   w.setCloseAnswer(MainWindow::Discard);
   w.close();
 }
@@ -407,10 +509,9 @@ void GuiTest::runLeftRunningIsFollowedByTheNextWindow() {
   {
     MainWindow w;
     w.show();
-    QVERIFY(w.openProject(tmp_.filePath("p.lorapipe.json"), &error));
-    QVERIFY(w.projectPage()->setField("run.steps", 100000));
-    QVERIFY(w.saveProject());
+    QVERIFY2(w.openProject(fixture(), &error), qPrintable(error));
     QVERIFY(w.trainPage()->start());
+    track(w.trainPage());
     QTRY_VERIFY_WITH_TIMEOUT(w.trainPage()->lossChart()->rawPoints(0) > 0, 60000);
     pid = w.trainPage()->process()->pid();
     run = w.trainPage()->runId();
@@ -420,7 +521,7 @@ void GuiTest::runLeftRunningIsFollowedByTheNextWindow() {
   QVERIFY(processAlive(pid));  // left running
   MainWindow w2;
   w2.show();
-  QVERIFY(w2.openProject(tmp_.filePath("p.lorapipe.json"), &error));
+  QVERIFY(w2.openProject(fixture(), &error));
   w2.followLiveRun();
   QTRY_VERIFY_WITH_TIMEOUT(w2.trainPage()->isLive() && w2.trainPage()->runId() == run, 20000);
   QCOMPARE(w2.currentPage(), MainWindow::TrainIndex);
