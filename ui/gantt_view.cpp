@@ -64,7 +64,10 @@ void GanttView::setTimeline(const QString& title, const QStringList& rows, std::
   update();
 }
 
-QSize GanttView::sizeHint() const { return {600, 60 + 28 * std::max<qsizetype>(1, rows_.size()) + 40}; }
+QSize GanttView::sizeHint() const {
+  const int line = fontMetrics().height();
+  return {600, line + 12 + 34 * static_cast<int>(std::max<qsizetype>(1, rows_.size())) + 3 * line + 24};
+}
 
 void GanttView::paintEvent(QPaintEvent*) {
   QPainter p(this);
@@ -86,7 +89,7 @@ void GanttView::paintEvent(QPaintEvent*) {
   for (const auto& r : rows_) label_w = std::max(label_w, fm.horizontalAdvance(r));
   const int left = 12 + label_w, right = width() - 12, top = 8 + line + 4;
   const int legend_h = line + 8, axis_h = 2 * line + 6;
-  const int row_h = std::clamp((height() - top - axis_h - legend_h) / static_cast<int>(rows_.size()), 12, 40);
+  const int row_h = std::clamp((height() - top - axis_h - legend_h) / static_cast<int>(rows_.size()), 12, 34);
   const double scale = (right - left) / span_;
   for (int r = 0; r < rows_.size(); ++r) {
     const QRect lane(left, top + r * row_h + 2, right - left, row_h - 4);

@@ -66,7 +66,10 @@ QVariant RunTableModel::data(const QModelIndex& index, int role) const {
     case Id: return display ? QVariant(QString::number(r.record.id)) : QVariant(qlonglong(r.record.id));
     case Status: return status_[index.row()];
     case Project: return QString::fromStdString(r.record.project_name);
-    case Started: return QString::fromStdString(r.record.started_at);
+    case Started: {  // 2026-12-03T16:13:24.537Z -> 2026-12-03 16:13:24
+      QString t = QString::fromStdString(r.record.started_at);
+      return t.left(19).replace('T', ' ');
+    }
     case Steps:
       return display ? QVariant(QStringLiteral("%1 / %2").arg(r.record.last_step).arg(r.record.total_steps)) : QVariant(qlonglong(r.record.last_step));
     case FinalLoss: return optional(r.summary.last_loss, display);

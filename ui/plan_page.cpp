@@ -52,10 +52,10 @@ PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
   summary_->setWordWrap(true);
   summary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
   layout->addWidget(summary_);
-  auto* split = new QSplitter(Qt::Vertical);
   gantt_ = new GanttView;
   gantt_->setObjectName("planGantt");
-  split->addWidget(gantt_);
+  gantt_->setSizePolicy(QSizePolicy::Expanding, QSizePolicy::Fixed);  // as tall as its devices need
+  layout->addWidget(gantt_);
   auto* lower = new QWidget;
   auto* h = new QHBoxLayout(lower);
   h->setContentsMargins(0, 0, 0, 0);
@@ -73,10 +73,7 @@ PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
   auto* bl = new QVBoxLayout(box);
   bl->addWidget(table);
   h->addWidget(box, 1);
-  split->addWidget(lower);
-  split->setStretchFactor(0, 1);
-  split->setStretchFactor(1, 1);
-  layout->addWidget(split, 1);
+  layout->addWidget(lower, 1);
   connect(schedule_, &QComboBox::currentTextChanged, this, [this](const QString& s) {
     if (!loading_) emit fieldEdited("parallel.schedule", s);
   });
@@ -159,6 +156,7 @@ void PlanPage::replan() {
     }
     const double cap = cfg_.offload.device_memory_mb > 0 ? cfg_.offload.device_memory_mb : -1;
     memory_->setBars(cats, {weights, acts}, true, tr("device"), tr("MiB"), cap, tr("capacity (offload.device_memory_mb)"));
+    memory_->chart()->setTitle(cap > 0 ? tr("Memory per device at its peak") : tr("Memory per device at its peak (capacity not limited: offload.device_memory_mb = 0)"));
     std::vector<QStringList> link_rows;
     for (const auto& l : p.links)
       link_rows.push_back({QString::fromStdString(p.devices[l.from].name) + " → " + QString::fromStdString(p.devices[l.to].name),

@@ -32,6 +32,15 @@ const std::pair<const char*, const char*> kSections[] = {{"name", "Project"},   
                                                          {"offload", "Offload"},     {"run", "Run"}};
 
 QString labelOf(const std::string& path) {
+  static const std::pair<const char*, const char*> named[] = {
+      {"optimizer.lr", "Learning rate"}, {"optimizer.eps", "Epsilon"},      {"optimizer.beta1", "Beta 1"},
+      {"optimizer.beta2", "Beta 2"},     {"optimizer.min_lr_ratio", "Min LR ratio"}, {"lora.r", "Rank (r)"},
+      {"data.seq_len", "Sequence length"}, {"data.add_bos", "Add BOS"},     {"data.add_eos", "Add EOS"},
+      {"data.val_fraction", "Validation fraction"}, {"offload.device_memory_mb", "Device memory"},
+      {"offload.copy_gbps", "Copy bandwidth"}, {"offload.pinned_memory_gb", "Pinned memory"},
+      {"run.eval_interval", "Validation interval"}, {"run.eval_batches", "Validation batches"}};
+  for (const auto& [p, label] : named)
+    if (path == p) return QObject::tr(label);
   const auto dot = path.find('.');
   QString key = QString::fromStdString(dot == std::string::npos ? path : path.substr(dot + 1)).replace('_', ' ');
   if (!key.isEmpty()) key[0] = key[0].toUpper();

@@ -93,7 +93,7 @@ RunsPage::RunsPage(QWidget* parent) : QWidget(parent) {
   diff_ = new TextTableModel(this);
   diff_->setTable({tr("Difference")}, {{tr("Select two or more runs and press Compare: their loss curves, then what differs "
                                           "in configuration, hardware and results.")}});
-  auto* diff_view = new QTableView;
+  auto* diff_view = diff_view_ = new QTableView;
   diff_view->setObjectName("diffTable");
   diff_view->setModel(diff_);
   diff_view->verticalHeader()->hide();
@@ -245,12 +245,18 @@ void RunsPage::compareSelected() {
                auto opt = [](const std::optional<double>& v) { return v ? QString::number(*v, 'f', 4) : QStringLiteral("–"); };
                rows.push_back({tr("final validation loss"), opt(c.summary_a.final_val), opt(c.summary_b.final_val)});
                rows.push_back({tr("mean tokens/s"), QString::number(c.summary_a.mean_tokens_per_s, 'f', 0), QString::number(c.summary_b.mean_tokens_per_s, 'f', 0)});
-               rows.push_back({tr("loss curves"), tr("%1 common steps").arg(c.common_steps),
-                               c.first_differing_step < 0 ? tr("identical") : tr("differ from step %1 (max |Δ| %2)").arg(c.first_differing_step).arg(c.max_abs_loss_diff, 0, 'g', 3)});
+               const QString curves = c.first_differing_step < 0 ? tr("identical at all %1 common steps").arg(c.common_steps)
+                                                                 : tr("differ from step %1 on (max |Δ| %2 over %3 common steps)")
+                                                                       .arg(c.first_differing_step).arg(c.max_abs_loss_diff, 0, 'g', 3).arg(c.common_steps);
+               rows.push_back({tr("training loss curves"), curves, QString()});
              }
              const QString a = l.details.size() > 0 && l.details[0] ? tr("run %1").arg(l.details[0]->record.id) : tr("A");
              const QString b = l.details.size() > 1 && l.details[1] ? tr("run %1").arg(l.details[1]->record.id) : tr("B");
+             const int span_row = l.comparison ? static_cast<int>(rows.size()) - 1 : 0;
              diff_->setTable({tr("Difference"), a, b}, std::move(rows));
+             diff_view_->clearSpans();
+             diff_view_->setSpan(span_row, 1, 1, 2);  // the curves' verdict is about both runs
+             diff_view_->resizeRowsToContents();
              ++comparisons_;
            });
 }

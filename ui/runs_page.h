@@ -71,6 +71,7 @@ class RunsPage : public QWidget {
   QPushButton *show_ = nullptr, *compare_ = nullptr, *open_ = nullptr, *resume_ = nullptr, *delete_ = nullptr;
   CurveChart* overlay_ = nullptr;
   TextTableModel* diff_ = nullptr;
+  QTableView* diff_view_ = nullptr;
 };
 
 }  // namespace lorapipe::ui

@@ -169,7 +169,7 @@ QString TrainPage::copyCliCommand() const {
 void TrainPage::setRunning(bool running) {
   start_->setEnabled(!running);
   stop_->setEnabled(running);
-  resume_->setEnabled(!running && run_id_ > 0);
+  resume_->setEnabled(!running && run_id_ > 0 && resumable_);
 }
 
 bool TrainPage::isLive() const { return process_->isRunning() || following_db_; }
@@ -389,6 +389,7 @@ void TrainPage::onEvent(const engine_event& ev) {
                                .arg(run_id_).arg(QString::fromStdString(e.status)).arg(e.steps).arg(e.final_val_loss, 0, 'f', 4)
                                .arg(e.mean_tokens_per_s, 0, 'f', 0));
           if (e.status == "failed") showError(tr("Run %1 failed: %2").arg(run_id_).arg(QString::fromStdString(e.error)));
+          resumable_ = e.status != "completed";
           eta_->clear();
         }
       },
@@ -396,6 +397,7 @@ void TrainPage::onEvent(const engine_event& ev) {
 }
 
 void TrainPage::onEnded(const QString& error) {
+  if (!error.isEmpty()) resumable_ = run_id_ > 0;  // crashed: its last checkpoint may continue it
   setRunning(false);
   if (!error.isEmpty()) {
     showError(error);
@@ -471,6 +473,7 @@ void TrainPage::showRun(int64_t run) {
     showError({});
     loadHistory(*d);
     const std::string st = live_status(d->record);
+    resumable_ = st == "stopped" || st == "crashed" || st == "failed";
     status_->setText(tr("Run %1 (%2): %3 · %4 of %5 steps").arg(run).arg(QString::fromStdString(d->record.project_name))
                          .arg(QString::fromStdString(st)).arg(d->record.last_step).arg(d->record.total_steps));
     if (!d->record.error.empty()) showError(QString::fromStdString(d->record.error));
@@ -510,6 +513,7 @@ void TrainPage::pollDatabase() {
     loadHistory(*d);
     const std::string st = live_status(d->record);
     if (st != "running") {
+      resumable_ = st == "stopped" || st == "crashed" || st == "failed";
       following_db_ = false;
       db_timer_.stop();
       status_->setText(tr("Run %1 %2 at step %3").arg(run).arg(QString::fromStdString(st)).arg(d->record.last_step));

@@ -83,7 +83,7 @@ class TrainPage : public QWidget {
   double wall_offset_ = 0, last_wall_ = 0;
   std::vector<Point> points_;
   std::vector<std::pair<int64_t, double>> val_;
-  bool following_db_ = false, polling_ = false;
+  bool following_db_ = false, polling_ = false, resumable_ = false;
   int request_ = 0;  // the latest database read whose result may still be shown
   qint64 followed_pid_ = 0;
   QTimer db_timer_;

@@ -165,10 +165,30 @@ void TryPage::stop() {
 
 namespace {
 
-// Streams the tokens of one generation into `target` (queued onto the GUI thread).
+// Length of the longest prefix of `s` that ends on a whole UTF-8 character (a byte-fallback token
+// may carry part of one; the rest comes with the next tokens).
+size_t completeUtf8(const std::string& s) {
+  size_t end = s.size();
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) end = s.size() - back;  // the lead byte's character is not complete yet
+    break;
+  }
+  return end;
+}
+
+// Streams the tokens of one generation into `target` (queued onto the GUI thread), whole UTF-8
+// characters at a time.
 std::function<bool(int32_t, const std::string&)> streamInto(QPointer<QPlainTextEdit> target) {
-  return [target](int32_t, const std::string& piece) {
-    const QString text = QString::fromStdString(piece);
+  auto pending = std::make_shared<std::string>();
+  return [target, pending](int32_t, const std::string& piece) {
+    *pending += piece;
+    const size_t n = completeUtf8(*pending);
+    if (n == 0) return true;
+    const QString text = QString::fromUtf8(pending->data(), static_cast<qsizetype>(n));
+    pending->erase(0, n);
     QMetaObject::invokeMethod(qApp, [target, text] {
       if (!target) return;
       target->moveCursor(QTextCursor::End);

@@ -2,8 +2,8 @@
 # Renders every page of the desktop GUI under Xvfb at 1280x800 with real trained runs loaded and
 # writes PNG screenshots (the README shows them):
 #   tests/gui/screenshots.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, resources/screenshots)
-# Trains two short runs of stories260K on the quiz chat data (a 2-device 1F1B pipeline on CPU virtual
-# devices, and one device) into a throwaway run database, then starts `lorapipe --screenshots`.
+# Trains two short runs of stories260K on the quiz chat data (one device, then a 2-device 1F1B pipeline
+# on CPU virtual devices, shown on the Train page) into a throwaway run database, then starts `lorapipe --screenshots`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(realpath "${1:-$root/build}")"
@@ -27,10 +27,10 @@ cat > "$work/quiz.lorapipe.json" <<JSON
 }
 JSON
 cli="$build/app/lorapipe-cli"
-"$cli" train "$work/quiz.lorapipe.json" 2> "$work/run1.log" || { tail "$work/run1.log"; exit 1; }
-"$cli" train "$work/quiz.lorapipe.json" --devices cpu --schedule single --steps 200 --output "$work/out2" 2> "$work/run2.log" \
-  || { tail "$work/run2.log"; exit 1; }
+"$cli" train "$work/quiz.lorapipe.json" --devices cpu --schedule single --steps 200 --output "$work/out1" 2> "$work/run1.log" \
+  || { tail "$work/run1.log"; exit 1; }
+"$cli" train "$work/quiz.lorapipe.json" --output "$work/out2" 2> "$work/run2.log" || { tail "$work/run2.log"; exit 1; }
 mkdir -p "$out"
 command -v xvfb-run >/dev/null || { echo "xvfb-run is missing (apt install xvfb xauth)" >&2; exit 1; }
-xvfb-run -a -s "-screen 0 1280x800x24" "$build/app/lorapipe" --screenshots "$out" --run 1 "$work/quiz.lorapipe.json"
+xvfb-run -a -s "-screen 0 1280x800x24" "$build/app/lorapipe" --screenshots "$out" --run 2 "$work/quiz.lorapipe.json"
 ls -l "$out"
