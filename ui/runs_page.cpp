@@ -104,6 +104,10 @@ RunsPage::RunsPage(QWidget* parent) : QWidget(parent) {
   split->setStretchFactor(0, 1);
   split->setStretchFactor(1, 1);
   layout->addWidget(split, 1);
+  live_timer_.setInterval(3000);
+  connect(&live_timer_, &QTimer::timeout, this, [this] {
+    if (isVisible() && !busy_) this->refresh();
+  });
   connect(search_, &QLineEdit::textChanged, filter_, &RunFilter::setText);
   connect(status_, &QComboBox::currentIndexChanged, this, [this] { filter_->setStatus(status_->currentData().toString()); });
   connect(refresh, &QPushButton::clicked, this, &RunsPage::refresh);
@@ -156,8 +160,14 @@ void RunsPage::refresh() {
       return;
     }
     const auto keep = selectedRuns();
+    const bool refused = info_->text().contains(tr("was not deleted"));
     model_->setRuns(*r);
-    info_->setText(tr("%1 run(s) in %2").arg(r->size()).arg(database_));
+    if (!refused) info_->setText(tr("%1 run(s) in %2").arg(r->size()).arg(database_));
+    bool live = false;
+    for (int row = 0; row < model_->rowCount(); ++row)
+      live |= model_->index(row, RunTableModel::Status).data().toString() == "running";
+    if (live) live_timer_.start();
+    else live_timer_.stop();
     selectRuns(keep);
     updateButtons();
     emit loaded();
@@ -198,14 +208,14 @@ void RunsPage::updateButtons() {
   delete_->setEnabled(ids.size() == 1 && !running);
 }
 
-bool RunsPage::deleteRun(int64_t run, bool with_files) {
-  auto st = delete_run(database_.toStdString(), run, with_files);
-  if (!st) {
-    QMessageBox::warning(this, tr("Delete run %1").arg(run), QString::fromStdString(st.message()));
-    return false;
-  }
-  refresh();
-  return true;
+void RunsPage::deleteRun(int64_t run, bool with_files) {
+  const auto db = database_.toStdString();
+  info_->setText(tr("Deleting run %1…").arg(run));
+  runAsync(this, [db, run, with_files] { return delete_run(db, run, with_files); }, [this, run](const status& st) {
+    ++deletions_;
+    refresh();
+    if (!st) info_->setText(tr("Run %1 was not deleted: %2").arg(run).arg(QString::fromStdString(st.message())));
+  });
 }
 
 void RunsPage::compareSelected() {

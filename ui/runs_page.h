@@ -9,6 +9,7 @@
 #include <QPushButton>
 #include <QSortFilterProxyModel>
 #include <QTableView>
+#include <QTimer>
 #include <QWidget>
 
 #include "core/engine/run_queries.h"
@@ -47,7 +48,11 @@ class RunsPage : public QWidget {
   void selectRuns(const QList<int64_t>& ids);
   QList<int64_t> selectedRuns() const;
   void compareSelected();
-  bool deleteRun(int64_t run, bool with_files);  // no confirmation (the button asks first)
+  // Deletes off the GUI thread, then refreshes; no confirmation (the button asks first). A refusal
+  // (e.g. a live run) shows in the page's status line.
+  void deleteRun(int64_t run, bool with_files);
+  int deletions() const { return deletions_; }  // finished delete requests
+  QString infoText() const { return info_->text(); }
   const TextTableModel* diff() const { return diff_; }
   CurveChart* overlay() const { return overlay_; }
   int comparisons() const { return comparisons_; }
@@ -61,7 +66,8 @@ class RunsPage : public QWidget {
   void updateButtons();
   QString database_;
   bool busy_ = false;
-  int generation_ = 0, comparisons_ = 0;
+  int generation_ = 0, comparisons_ = 0, deletions_ = 0;
+  QTimer live_timer_;  // refreshes the table while a listed run is live
   RunTableModel* model_ = nullptr;
   RunFilter* filter_ = nullptr;
   QTableView* table_ = nullptr;

@@ -283,9 +283,14 @@ void TrainPage::addPoint(const Point& p, bool live) {
 }
 
 void TrainPage::addVal(int64_t step, double loss, bool live) {
-  while (!val_.empty() && val_.back().first >= step) val_.pop_back();
+  bool rewound = false;
+  while (!val_.empty() && val_.back().first >= step) val_.pop_back(), rewound = true;
   val_.emplace_back(step, loss);
   if (!live) return;
+  if (rewound) {  // a resumed run validates again at a step already shown
+    replot();
+    return;
+  }
   double wall = points_.empty() ? 0 : points_.back().wall;
   loss_->append(1, {xOf(step, wall), loss});
 }

@@ -16,6 +16,7 @@
 #include <QElapsedTimer>
 #include <QFile>
 #include <QLineEdit>
+#include <QProcess>
 #include <QPushButton>
 #include <QSettings>
 #include <QSpinBox>
@@ -149,7 +150,7 @@ void GuiTest::modelsPassTheModelTester() {
   for (int i = 0; i < 3; ++i) {
     v[i].record.id = 3 - i;
     v[i].record.status = i == 1 ? "failed" : "completed";
-    v[i].record.project_name = "p" + std::to_string(i);
+    v[i].record.project_name = QStringLiteral("p%1").arg(i).toStdString();
     v[i].record.config_json = R"({"parallel":{"devices":"cpu:2","schedule":"1f1b"}})";
     v[i].summary.last_loss = 1.5 + i;
     v[i].summary.mean_tokens_per_s = 1000.0 * (i + 1);
@@ -441,7 +442,8 @@ void GuiTest::mainFlow() {
   const QString ckpt2 = tmp_.filePath(QStringLiteral("out2/checkpoints/run-%1").arg(run2));
   const QString ckpt1 = tmp_.filePath(QStringLiteral("out/checkpoints/run-%1").arg(run1));
   QVERIFY(QFile::exists(ckpt2) && QFile::exists(ckpt1));
-  QVERIFY(runs->deleteRun(run2, true));
+  runs->deleteRun(run2, true);
+  QTRY_COMPARE_WITH_TIMEOUT(runs->deletions(), 1, 20000);
   QCOMPARE(runStatus(runs, run2), QString("missing"));
   QVERIFY(!QFile::exists(ckpt2));
   QVERIFY(QFile::exists(ckpt1));
@@ -532,6 +534,40 @@ void GuiTest::runLeftRunningIsFollowedByTheNextWindow() {
   QCOMPARE(runStatus(w2.runsPage(), run), QString("stopped"));
   w2.setCloseAnswer(MainWindow::Discard);
   w2.close();
+
+  // A run started from a terminal has no event stream the window knows: it is followed through the
+  // run database (curves as the recorder writes them), and can be stopped from the window.
+  QProcess cli;
+  cli.setProgram(qEnvironmentVariable("LORAPIPE_CLI"));
+  cli.setArguments({"train", fixture()});
+  cli.setStandardOutputFile(QProcess::nullDevice());
+  cli.setStandardErrorFile(QProcess::nullDevice());
+  cli.start();
+  QVERIFY(cli.waitForStarted(10000));
+  pids_ << cli.processId();
+  MainWindow w3;
+  w3.show();
+  QVERIFY(w3.openProject(fixture(), &error));
+  int64_t terminal_run = 0;
+  QVERIFY(QTest::qWaitFor([&] {
+    auto* runs = w3.runsPage();
+    runs->refresh();
+    if (!QTest::qWaitFor([&] { return !runs->busy(); }, 5000)) return false;
+    for (int r = 0; r < runs->runs()->rowCount(); ++r)
+      if (const auto* o = runs->runs()->runAt(r); o && o->record.pid == cli.processId() && o->record.last_step > 0)
+        terminal_run = o->record.id;
+    return terminal_run > 0;
+  }, 60000));
+  w3.followLiveRun();
+  QTRY_VERIFY_WITH_TIMEOUT(w3.trainPage()->isLive() && w3.trainPage()->runId() == terminal_run, 20000);
+  QVERIFY2(w3.trainPage()->statusText().contains("from the database"), qPrintable(w3.trainPage()->statusText()));
+  QTRY_VERIFY_WITH_TIMEOUT(w3.trainPage()->stepPoints() > 0, 20000);
+  w3.trainPage()->stop();
+  QVERIFY(cli.waitForFinished(60000));
+  QTRY_VERIFY_WITH_TIMEOUT(!w3.trainPage()->isLive(), 20000);
+  QCOMPARE(runStatus(w3.runsPage(), terminal_run), QString("stopped"));
+  w3.setCloseAnswer(MainWindow::Discard);
+  w3.close();
 }
 
 int main(int argc, char** argv) {
