@@ -21,6 +21,7 @@
 #include "core/base/file_io.h"
 #include "core/engine/model_session.h"
 #include "core/engine/plan_report.h"
+#include "core/project/llama_config.h"
 #include "core/project/project.h"
 
 namespace fs = std::filesystem;
@@ -42,16 +43,35 @@ struct generate_args {
   int64_t threads = 0;
   bool no_bos = false;
   bool chat = false;
-  std::string system;
+  bool json = false;
+  std::string system, prompt_ids;
 };
 
 int cmd_generate(const generate_args& a) {
   auto m = model_session::open({a.model, a.adapter, a.tokenizer, a.dtype, a.threads});
   if (!m) return cli_fail(m.message());
-  generate_request req{a.prompt, a.chat, a.system, !a.no_bos, a.max_new_tokens, a.temperature, a.top_p, a.seed};
+  generate_request req{a.prompt, a.chat, a.system, !a.no_bos, a.max_new_tokens, a.temperature, a.top_p, a.seed, {}};
+  if (!a.prompt_ids.empty()) {
+    std::istringstream in(a.prompt_ids);
+    for (std::string tok; std::getline(in, tok, ',');) {
+      try {
+        size_t used = 0;
+        req.prompt_ids.push_back(std::stoi(tok, &used));
+        if (used != tok.size()) throw std::invalid_argument(tok);
+      } catch (const std::exception&) {
+        return cli_fail(fmt::format("--prompt-ids: '{}' is not an integer (expected e.g. 1,450,32)", tok));
+      }
+    }
+  }
   auto g = m->generate(req);
   if (!g) return cli_fail(g.message());
-  std::cout << g->text << std::endl;
+  if (a.json) {  // ids so continuations compare token by token, whatever bytes they decode to
+    nlohmann::json j{{"prompt_ids", g->prompt_ids}, {"ids", g->ids}, {"text", g->text},
+                     {"stop", g->stopped_at_eos ? "eos" : "length"}};
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  } else {
+    std::cout << g->text << std::endl;
+  }
   return 0;
 }
 
@@ -78,12 +98,15 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
   // Paths given on the command line are relative to the shell; store them absolute.
   c.model.path = model.empty() ? model : fs::absolute(model).lexically_normal().string();
   c.data.train = data.empty() ? data : fs::absolute(data).lexically_normal().string();
+  std::error_code ec;
+  if (!model.empty() && fs::is_regular_file(fs::path(model) / "config.json", ec))
+    if (auto mc = load_llama_config(fs::path(model) / "config.json"))  // Phi-3: qkv_proj, not q/k/v
+      c.lora.targets = fit_lora_targets(*mc, c.lora.targets);
   const auto text = project_to_json(c);
   if (path.empty() || path == "-") {
     std::cout << text;
     return 0;
   }
-  std::error_code ec;
   if (fs::exists(path, ec) && !force) return cli_fail(fmt::format("{} exists (use --force to overwrite)", path));
   auto st = write_file_atomic(path, text);
   if (!st) return cli_fail(st.message());
@@ -195,7 +218,9 @@ int main(int argc, char** argv) {
   gen->add_option("--model", ga.model, "HF folder or llama2.c .bin")->required();
   gen->add_option("--adapter", ga.adapter, "PEFT adapter folder");
   gen->add_option("--tokenizer", ga.tokenizer, "Tokenizer (default: found next to the model)");
-  gen->add_option("--prompt", ga.prompt, "Prompt text")->required();
+  auto* prompt_opt = gen->add_option("--prompt", ga.prompt, "Prompt text");
+  gen->add_option("--prompt-ids", ga.prompt_ids, "The prompt as comma-separated token ids (no template, no BOS)")->excludes(prompt_opt);
+  gen->add_flag("--json", ga.json, "Print {prompt_ids, ids, text, stop} as one JSON object");
   gen->add_option("--max-new-tokens", ga.max_new_tokens, "Tokens to generate")->required()->check(CLI::NonNegativeNumber);
   gen->add_option("--temperature", ga.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
   gen->add_option("--top-p", ga.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));

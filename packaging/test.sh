@@ -3,6 +3,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/packaging/setup.sh"
+# Test-only: transformers and PEFT make the model-family fixtures and check lorapipe's adapters.
+venv="${LORAPIPE_VENV:-$root/.venv}"
+if ! "$venv/bin/python" -c "import transformers, peft" 2>/dev/null; then
+  echo "[test] installing transformers and peft (test oracles) into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "transformers>=5.0,<6" "peft>=0.17,<1"
+fi
 bash "$root/packaging/build.sh"
 cd "${LORAPIPE_BUILD_DIR:-$root/build}"
 ctest --output-on-failure --timeout 1800 "$@"

@@ -288,10 +288,9 @@ TEST(Pipeline, StreamsWeightsWhenDeviceCapacityIsBelowModelSize) {
   at::set_num_threads(2);
   const auto& f = fx();
   size_t model_bytes = f.w.embed.numel() * 4 + f.w.final_norm.numel() * 4;
-  for (const auto& l : f.w.layers) {
-    for (const auto& p : l.proj) model_bytes += p.numel() * 4;
-    model_bytes += 2 * l.input_norm.numel() * 4;
-  }
+  for (const auto& l : f.w.layers)
+    for (const auto& t : l.t)
+      if (t.defined()) model_bytes += t.numel() * 4;
   // Round-robin streams stage by stage (one layer each); each device gets 90% of the model's weight
   // bytes, which must hold the preallocated double-buffered weight arena (two slots of the largest
   // stage: embedding or head + one layer) plus activations and the recompute graph (8 micro-batches

@@ -73,12 +73,19 @@ result<generation> model_session::generate(const generate_request& req, const st
                                            const cancel_token* cancel) {
   return guarded([&]() -> result<generation> {
     thread_count_scope threads(s_->req.threads);
-    prompt_options po{req.chat, req.system, req.add_bos, tokenizer_dir(s_->tok_path)};
-    auto prompt = prepare_prompt(*s_->tok, req.prompt, po);
-    if (!prompt && prompt.message().rfind("empty prompt", 0) == 0) return make_error("empty prompt (give --prompt text, or drop --no-bos)");
-    if (!prompt) return prompt.err();
     generation g;
-    g.prompt_ids = *prompt;
+    if (!req.prompt_ids.empty()) {
+      for (auto id : req.prompt_ids)
+        if (id < 0 || id >= s_->weights.cfg.vocab_size)
+          return make_error("prompt id {} is outside the vocabulary (0..{})", id, s_->weights.cfg.vocab_size - 1);
+      g.prompt_ids = req.prompt_ids;
+    } else {
+      prompt_options po{req.chat, req.system, req.add_bos, tokenizer_dir(s_->tok_path)};
+      auto prompt = prepare_prompt(*s_->tok, req.prompt, po);
+      if (!prompt && prompt.message().rfind("empty prompt", 0) == 0) return make_error("empty prompt (give --prompt text, or drop --no-bos)");
+      if (!prompt) return prompt.err();
+      g.prompt_ids = *prompt;
+    }
     sampling_options so;
     so.temperature = req.temperature;
     so.top_p = req.top_p;
@@ -98,7 +105,10 @@ result<generation> model_session::generate(const generate_request& req, const st
         return on_token(id, piece);
       };
     g.ids = lorapipe::generate(s_->weights, s_->lora ? &*s_->lora : nullptr, g.prompt_ids, so);
-    if (!g.ids.empty() && g.ids.back() == s_->tok->eos_id()) g.ids.pop_back();
+    if (!g.ids.empty() && g.ids.back() == s_->tok->eos_id()) {
+      g.ids.pop_back();
+      g.stopped_at_eos = true;
+    }
     g.text = s_->tok->decode_continuation(g.prompt_ids, g.ids);
     return g;
   });

@@ -38,11 +38,13 @@ struct generate_request {
   int64_t max_new_tokens = 64;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
+  std::vector<int32_t> prompt_ids;  // when not empty: the prompt as token ids, verbatim (prompt, chat, add_bos unused)
 };
 
 struct generation {
   std::vector<int32_t> prompt_ids, ids;  // ids: the new tokens (EOS dropped)
   std::string text;                      // the continuation
+  bool stopped_at_eos = false;           // generation ended on EOS (not on max_new_tokens or the context)
 };
 
 class model_session {

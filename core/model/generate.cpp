@@ -1,6 +1,8 @@
 // Sampling loop: see generate.h.
 #include "core/model/generate.h"
 
+#include <limits>
+
 #include <torch/torch.h>
 
 namespace lorapipe {
@@ -13,7 +15,7 @@ std::vector<int32_t> generate(const llama_weights& w, const lora_adapters* lora,
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
   kv_cache cache;
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
-  const int64_t ctx = w.cfg.max_position_embeddings;
+  const int64_t ctx = w.cfg.context_length();
   if (static_cast<int64_t>(ids.size()) > ctx) ids.erase(ids.begin(), ids.end() - ctx);
   auto input = torch::tensor(ids, torch::kLong).unsqueeze(0);  // i64 [1,T]
   int64_t pos = 0;

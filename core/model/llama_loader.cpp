@@ -2,6 +2,9 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
+#include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -16,14 +19,116 @@ namespace lorapipe {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+
+// transformers' default inverse frequencies (f32): 1 / theta^(2i/hd).
+at::Tensor default_inv_freq(double theta, int64_t hd) {
+  auto idx = torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(hd);  // f32 [hd/2]
+  return 1.0 / torch::pow(torch::tensor(theta, torch::kDouble).to(torch::kFloat), idx);
+}
+
+double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+// Inverse frequencies f32 [hd/2] and the cos/sin factor of a RoPE variant (modeling_rope_utils.py).
+std::pair<at::Tensor, double> rope_inv_freq(const llama_config& cfg, const rope_config& r) {
+  const int64_t hd = cfg.head_dim;
+  auto inv = default_inv_freq(r.theta, hd);
+  if (r.type == "linear") return {inv / r.factor, 1.0};
+  if (r.type == "llama3") {
+    const double old_len = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wl = old_len / r.low_freq_factor, high_wl = old_len / r.high_freq_factor;
+    auto wavelen = 2 * M_PI / inv;
+    auto llama = torch::where(wavelen > low_wl, inv / r.factor, inv);
+    auto smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    auto smoothed = (1 - smooth) * llama / r.factor + smooth * llama;
+    auto medium = torch::logical_and((wavelen < high_wl).logical_not(), (wavelen > low_wl).logical_not());
+    return {torch::where(medium, smoothed, llama), 1.0};
+  }
+  if (r.type == "yarn") {
+    const double dim = static_cast<double>(hd), base = r.theta;
+    double att = r.attention_factor;
+    if (att <= 0)
+      att = (r.mscale > 0 && r.mscale_all_dim > 0) ? yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim)
+                                                   : yarn_mscale(r.factor, 1.0);
+    auto pos_freqs = torch::pow(torch::tensor(base, torch::kDouble).to(torch::kFloat),
+                                torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / dim);  // f32 [hd/2]
+    auto extrap = 1.0 / pos_freqs, interp = 1.0 / (r.factor * pos_freqs);
+    auto corr = [&](double rot) {
+      return dim * std::log(static_cast<double>(r.original_max_position_embeddings) / (rot * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double low = corr(r.beta_fast), high = corr(r.beta_slow);
+    if (r.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    auto ramp = torch::clamp((torch::arange(hd / 2, torch::kFloat) - low) / (high - low), 0, 1);
+    auto ef = 1 - ramp;
+    return {interp * (1 - ef) + extrap * ef, att};
+  }
+  return {inv, 1.0};  // default; dynamic equals it up to max_position_embeddings
+}
+
+// Dynamic NTK scaling for a sequence of `seq_len` positions, in f32 as transformers computes it at run time.
+at::Tensor dynamic_inv_freq(const llama_config& cfg, const rope_config& r, int64_t seq_len) {
+  const int64_t hd = cfg.head_dim;
+  const double dim = static_cast<double>(hd);
+  auto s = torch::tensor(std::max(seq_len, cfg.max_position_embeddings), torch::kLong);
+  auto base = r.theta * torch::pow(r.factor * s / static_cast<double>(cfg.max_position_embeddings) - (r.factor - 1), dim / (dim - 2));
+  return 1.0 / torch::pow(base, torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / dim);  // f32 [hd/2]
+}
+
+// cos/sin f32 [T, hd] for positions start .. start+T-1.
+std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& inv_freq, int64_t start, int64_t T, double factor) {
+  auto t = torch::arange(start, start + T, torch::kLong).to(torch::kFloat);  // f32 [T]
+  auto freqs = torch::outer(t, inv_freq.to(torch::kCPU));                     // f32 [T, hd/2]
+  auto emb = torch::cat({freqs, freqs}, -1);                                  // f32 [T, hd]
+  if (factor == 1.0) return {emb.cos(), emb.sin()};
+  return {emb.cos() * factor, emb.sin() * factor};
+}
+
+// Positions tabulated up front; longer sequences compute theirs from inv_freq (a 128k-context model
+// with head_dim 256 would otherwise hold 256 MiB of tables on every device).
+constexpr int64_t tabulated_positions = 8192;
+
+rope_table make_table(const llama_config& cfg, const rope_config& r) {
+  auto [inv, factor] = rope_inv_freq(cfg, r);
+  auto [cos, sin] = cos_sin(inv, 0, std::min(cfg.max_position_embeddings, tabulated_positions), factor);
+  return {cos, sin, inv, factor};
+}
+
+bool same_rope(const rope_config& a, const rope_config& b) {
+  return a.type == b.type && a.theta == b.theta && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor && a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.attention_factor == b.attention_factor && a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow &&
+         a.mscale == b.mscale && a.mscale_all_dim == b.mscale_all_dim && a.truncate == b.truncate;
+}
+
+}  // namespace
+
 rope_tables make_rope_tables(const llama_config& cfg) {
-  // Same arithmetic as HF LlamaRotaryEmbedding (f32): inv_freq = 1/theta^(2i/hd), emb = cat(freqs, freqs).
-  auto idx = torch::arange(0, cfg.head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(cfg.head_dim);
-  auto inv_freq = 1.0 / torch::pow(torch::tensor(cfg.rope_theta, torch::kDouble).to(torch::kFloat), idx);  // f32 [hd/2]
-  auto t = torch::arange(cfg.max_position_embeddings, torch::kLong).to(torch::kFloat);                   // f32 [P]
-  auto freqs = torch::outer(t, inv_freq);                                                                // f32 [P, hd/2]
-  auto emb = torch::cat({freqs, freqs}, -1);                                                             // f32 [P, hd]
-  return {emb.cos(), emb.sin()};
+  rope_tables t;
+  t.full = make_table(cfg, cfg.rope);
+  bool any_sliding = false;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) any_sliding = any_sliding || cfg.is_sliding(l);
+  if (any_sliding && !same_rope(cfg.rope, cfg.rope_local)) t.local = make_table(cfg, cfg.rope_local);
+  return t;
+}
+
+rope_tables rope_tables::to(c10::Device d) const {
+  auto move = [&](const rope_table& r) {
+    return r.cos.defined() ? rope_table{r.cos.to(d), r.sin.to(d), r.inv_freq, r.attention_factor} : rope_table{};
+  };
+  return {move(full), move(local)};
+}
+
+std::pair<at::Tensor, at::Tensor> rope_for(const llama_config& cfg, const rope_tables& rope, int64_t layer, int64_t start_pos,
+                                           int64_t T) {
+  const bool local = cfg.is_sliding(layer) && rope.local.cos.defined();
+  const rope_table& tab = local ? rope.local : rope.full;
+  const rope_config& rc = local ? cfg.rope_local : cfg.rope;
+  const int64_t end = start_pos + T;
+  if (rc.type == "dynamic" && end > cfg.max_position_embeddings) return cos_sin(dynamic_inv_freq(cfg, rc, end), start_pos, T, 1.0);
+  if (end > tab.cos.size(0)) return cos_sin(tab.inv_freq, start_pos, T, tab.attention_factor);
+  return {tab.cos.slice(0, start_pos, end), tab.sin.slice(0, start_pos, end)};
 }
 
 namespace {
@@ -92,11 +197,9 @@ result<at::Tensor> take(const shard_set& s, const std::string& name, std::vector
 
 void finish(llama_weights& w) {
   for (auto* t : {&w.embed, &w.final_norm, &w.lm_head}) t->set_requires_grad(false);
-  for (auto& l : w.layers) {
-    l.input_norm.set_requires_grad(false);
-    l.post_norm.set_requires_grad(false);
-    for (auto& p : l.proj) p.set_requires_grad(false);
-  }
+  for (auto& l : w.layers)
+    for (auto& t : l.t)
+      if (t.defined()) t.set_requires_grad(false);
   w.rope = make_rope_tables(w.cfg);
 }
 
@@ -107,35 +210,45 @@ result<llama_weights> load_hf(const fs::path& dir, const load_options& opt) {
   w.cfg = cfg;
   w.dtype = opt.dtype;
   w.source = dir.string();
-  const int64_t D = cfg.hidden_size, H = cfg.intermediate_size, V = cfg.vocab_size;
-  const int64_t q_out = cfg.num_heads * cfg.head_dim, kv_out = cfg.num_kv_heads * cfg.head_dim;
-  LP_TRY_ASSIGN(embed, take(shards, "model.embed_tokens.weight", {V, D}, opt.dtype, dir));
+  const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
+  std::set<std::string> used;
+  auto take_named = [&](const std::string& name, std::vector<int64_t> shape) {
+    used.insert(name);
+    return take(shards, name, std::move(shape), opt.dtype, dir);
+  };
+  LP_TRY_ASSIGN(embed, take_named("model.embed_tokens.weight", {V, D}));
   w.embed = embed;
+  const auto specs = layer_tensor_specs(cfg);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     if (opt.progress && !opt.progress(l, cfg.num_layers)) return make_error("cancelled");
     const std::string p = fmt::format("model.layers.{}.", l);
     layer_weights lw;
-    LP_TRY_ASSIGN(in_norm, take(shards, p + "input_layernorm.weight", {D}, opt.dtype, dir));
-    LP_TRY_ASSIGN(post_norm, take(shards, p + "post_attention_layernorm.weight", {D}, opt.dtype, dir));
-    lw.input_norm = in_norm;
-    lw.post_norm = post_norm;
-    const std::array<std::vector<int64_t>, num_lora_targets> shapes{
-        std::vector<int64_t>{q_out, D}, {kv_out, D}, {kv_out, D}, {D, q_out}, {H, D}, {H, D}, {D, H}};
-    for (int t = 0; t < num_lora_targets; ++t) {
-      LP_TRY_ASSIGN(pw, take(shards, p + lora_target_module(static_cast<lora_target>(t)) + ".weight", shapes[t],
-                             opt.dtype, dir));
-      lw.proj[t] = pw;
+    for (const auto& spec : specs) {
+      LP_TRY_ASSIGN(t, take_named(p + spec.name, spec.shape));
+      lw[spec.slot] = t;
     }
     w.layers.push_back(std::move(lw));
   }
-  LP_TRY_ASSIGN(norm, take(shards, "model.norm.weight", {D}, opt.dtype, dir));
+  LP_TRY_ASSIGN(norm, take_named("model.norm.weight", {D}));
   w.final_norm = norm;
   if (cfg.tie_word_embeddings) {
     w.lm_head = w.embed;
+    // A tied checkpoint may carry a copy of the embedding; transformers unties when it differs.
+    if (shards.index.count("lm_head.weight")) {
+      LP_TRY_ASSIGN(head, take_named("lm_head.weight", {V, D}));
+      if (!torch::equal(head, w.embed))
+        return make_error("{}: lm_head.weight differs from model.embed_tokens.weight although tie_word_embeddings is true",
+                          dir.string());
+    }
   } else {
-    LP_TRY_ASSIGN(head, take(shards, "lm_head.weight", {V, D}, opt.dtype, dir));
+    LP_TRY_ASSIGN(head, take_named("lm_head.weight", {V, D}));
     w.lm_head = head;
   }
+  // A tensor this architecture does not use means the config does not describe the checkpoint.
+  for (const auto& [name, where] : shards.index)
+    if (!used.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos)
+      return make_error("{}: tensor '{}' is not part of a '{}' model as config.json describes it", where.first->label(), name,
+                        cfg.model_type);
   finish(w);
   return w;
 }
@@ -243,15 +356,15 @@ result<llama_weights> load_llama2c(const fs::path& path, const load_options& opt
   for (int64_t l = 0; l < L; ++l) {
     if (opt.progress && !opt.progress(l, L)) return make_error("cancelled");
     layer_weights lw;
-    lw.input_norm = cvt(rms_att[l]);
-    lw.post_norm = cvt(rms_ffn[l]);
-    lw.proj[static_cast<int>(lora_target::q)] = cvt(permute(wq[l], NH));
-    lw.proj[static_cast<int>(lora_target::k)] = cvt(permute(wk[l], NKV));
-    lw.proj[static_cast<int>(lora_target::v)] = cvt(wv[l]);
-    lw.proj[static_cast<int>(lora_target::o)] = cvt(wo[l]);
-    lw.proj[static_cast<int>(lora_target::gate)] = cvt(w1[l]);
-    lw.proj[static_cast<int>(lora_target::up)] = cvt(w3[l]);
-    lw.proj[static_cast<int>(lora_target::down)] = cvt(w2[l]);
+    lw[layer_slot::input_norm] = cvt(rms_att[l]);
+    lw[layer_slot::post_attention_norm] = cvt(rms_ffn[l]);
+    lw[layer_slot::q] = cvt(permute(wq[l], NH));
+    lw[layer_slot::k] = cvt(permute(wk[l], NKV));
+    lw[layer_slot::v] = cvt(wv[l]);
+    lw[layer_slot::o] = cvt(wo[l]);
+    lw[layer_slot::gate] = cvt(w1[l]);
+    lw[layer_slot::up] = cvt(w3[l]);
+    lw[layer_slot::down] = cvt(w2[l]);
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = cvt(rms_final);

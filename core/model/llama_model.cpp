@@ -1,6 +1,9 @@
 // Llama forward pass: see llama_model.h.
 #include "core/model/llama_model.h"
 
+#include <stdexcept>
+
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 namespace lorapipe {
@@ -8,10 +11,11 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-at::Tensor rms_norm(const at::Tensor& x /*[B,T,D]*/, const at::Tensor& weight /*[D]*/, double eps) {
-  // HF LlamaRMSNorm: normalise in f32, cast back, then scale.
+at::Tensor rms_norm(const llama_config& cfg, const at::Tensor& x /*[...,N]*/, const at::Tensor& weight /*[N]*/) {
   auto xf = x.to(torch::kFloat);
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + cfg.rms_norm_eps);
+  // Gemma: (x * (1 + w)) in f32, then cast; Llama: cast, then scale.
+  if (cfg.gemma_norm) return (normed * (1.0 + weight.to(torch::kFloat))).to(x.scalar_type());
   return weight * normed.to(x.scalar_type());
 }
 
@@ -35,10 +39,18 @@ at::Tensor lora_dropout(const at::Tensor& x, double p, uint64_t key) {
   return x * (keep / (1.0 - p)).to(x.device(), x.scalar_type());
 }
 
+// The bias slot of a projection (undefined for the fused ones, which have none).
+const at::Tensor& proj_bias(const layer_weights& lw, lora_target t) {
+  static const at::Tensor none;
+  if (static_cast<int>(t) >= static_cast<int>(lora_target::qkv)) return none;
+  return lw[static_cast<layer_slot>(static_cast<int>(layer_slot::q_bias) + static_cast<int>(t))];
+}
+
 at::Tensor project(const layer_weights& lw, const std::array<lora_pair, num_lora_targets>* lora, double scale,
                    double dropout, bool training, uint64_t dropout_seed, lora_target t, const at::Tensor& x) {
   const int i = static_cast<int>(t);
-  auto y = torch::linear(x, lw.proj[i]);
+  const auto& bias = proj_bias(lw, t);
+  auto y = bias.defined() ? torch::linear(x, lw.proj(t), bias) : torch::linear(x, lw.proj(t));
   if (lora != nullptr && (*lora)[i].a.defined()) {
     const auto& p = (*lora)[i];
     auto xin = (training && dropout > 0) ? lora_dropout(x, dropout, mix64(dropout_seed ^ mix64(static_cast<uint64_t>(i)))) : x;
@@ -50,24 +62,43 @@ at::Tensor project(const layer_weights& lw, const std::array<lora_pair, num_lora
   return y;
 }
 
-at::Tensor attention(const at::Tensor& q /*[B,nh,T,hd]*/, const at::Tensor& k /*[B,nh,S,hd]*/,
-                     const at::Tensor& v /*[B,nh,S,hd]*/, int64_t start_pos) {
+// Query i (absolute position start_pos+i) sees keys j <= start_pos+i, and in a sliding layer only
+// those with j > start_pos+i-window (transformers' sliding_window_overlay).
+at::Tensor attention_mask(int64_t T, int64_t S, int64_t start_pos, int64_t window, const at::TensorOptions& o) {
+  auto mask = torch::ones({T, S}, o.dtype(torch::kBool)).tril(start_pos);  // bool [T,S]
+  if (window > 0) mask = mask.triu(start_pos - window + 1);
+  return mask;
+}
+
+// Eager attention as transformers' Gemma: scale, soft-cap, mask, f32 softmax.
+at::Tensor eager_attention(const llama_config& cfg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           int64_t start_pos, int64_t window) {
   const int64_t T = q.size(2), S = k.size(2);
-  // Query i (absolute position start_pos+i) sees keys 0..start_pos+i.
-  const bool plain_causal = (start_pos == 0 && T == S);
-  const bool no_mask = (T == 1);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * cfg.attention_scale();  // [B,nh,T,S]
+  if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
+  if (T > 1 || window > 0)
+    scores = scores.masked_fill(attention_mask(T, S, start_pos, window, q.options()).logical_not(),
+                                -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type()), v);
+}
+
+at::Tensor attention(const llama_config& cfg, const at::Tensor& q /*[B,nh,T,hd]*/, const at::Tensor& k /*[B,nh,S,hd]*/,
+                     const at::Tensor& v /*[B,nh,S,hd]*/, int64_t start_pos, int64_t window) {
+  const int64_t T = q.size(2), S = k.size(2);
+  if (window >= S) window = 0;  // every key is inside the window
 #if TORCH_VERSION_MAJOR >= 2
-  if (plain_causal || no_mask) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, plain_causal);
-  auto mask = torch::ones({T, S}, q.options().dtype(torch::kBool)).tril(start_pos);  // bool [T,S]
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
-#else
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  if (!no_mask) {
-    auto mask = torch::ones({T, S}, torch::kBool).tril(start_pos);
-    scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  if (cfg.attn_softcap <= 0 && cfg.model_type != "gemma2") {  // transformers runs Gemma 2 eager, capped or not
+    const double scale = cfg.attention_scale();
+    if (window == 0 && ((start_pos == 0 && T == S) || T == 1))
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, T > 1, scale);
+    return at::scaled_dot_product_attention(q, k, v, attention_mask(T, S, start_pos, window, q.options()), 0.0, false, scale);
   }
-  return torch::matmul(torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type()), v);
 #endif
+  return eager_attention(cfg, q, k, v, start_pos, window);
+}
+
+at::Tensor activation(const llama_config& cfg, const at::Tensor& x) {
+  return cfg.gelu_tanh ? torch::gelu(x, "tanh") : torch::silu(x);
 }
 
 }  // namespace
@@ -76,9 +107,14 @@ uint64_t dropout_key(uint64_t seed, int64_t step, int64_t micro_batch) {
   return mix64(mix64(mix64(seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(micro_batch));
 }
 
-at::Tensor embed_tokens(const llama_weights& w, const at::Tensor& tokens) {
-  return F::embedding(tokens, w.embed);  // [B,T,D]
+at::Tensor embed_with(const llama_config& cfg, const at::Tensor& embed, const at::Tensor& tokens) {
+  auto x = F::embedding(tokens, embed);  // [B,T,D]
+  if (!cfg.scale_embeddings) return x;
+  // transformers: the scale as a tensor cast to the weight dtype
+  return x * torch::tensor(std::sqrt(static_cast<double>(cfg.hidden_size)), torch::kFloat).to(x.device(), x.scalar_type());
 }
+
+at::Tensor embed_tokens(const llama_weights& w, const at::Tensor& tokens) { return embed_with(w.cfg, w.embed, tokens); }
 
 at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_weights& lw, const at::Tensor& x,
                          int64_t start_pos, kv_cache* cache) {
@@ -88,15 +124,30 @@ at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_we
   const double drop = ctx.lora != nullptr ? ctx.lora->cfg.dropout : 0.0;
   const bool training = ctx.training;
   const int64_t B = x.size(0), T = x.size(1), hd = cfg.head_dim;
+  const int64_t nq = cfg.num_heads * hd, nkv = cfg.num_kv_heads * hd;
   const uint64_t layer_seed = mix64(ctx.dropout_seed ^ static_cast<uint64_t>(layer));
   auto proj = [&](lora_target t, const at::Tensor& in) { return project(lw, lp, scale, drop, training, layer_seed, t, in); };
+  using s = layer_slot;
 
-  auto h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps);                               // [B,T,D]
-  auto q = proj(lora_target::q, h).view({B, T, cfg.num_heads, hd}).transpose(1, 2);     // [B,nh,T,hd]
-  auto k = proj(lora_target::k, h).view({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);  // [B,nkv,T,hd]
-  auto v = proj(lora_target::v, h).view({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);  // [B,nkv,T,hd]
-  auto cos = ctx.rope.cos.slice(0, start_pos, start_pos + T).to(x.device(), x.scalar_type());  // [T,hd]
-  auto sin = ctx.rope.sin.slice(0, start_pos, start_pos + T).to(x.device(), x.scalar_type());
+  auto h = rms_norm(cfg, x, lw[s::input_norm]);  // [B,T,D]
+  at::Tensor q, k, v;                            // [B,T,nq] / [B,T,nkv]
+  if (cfg.fused_proj) {
+    auto qkv = proj(lora_target::qkv, h);  // [B,T,nq+2nkv]
+    q = qkv.slice(-1, 0, nq), k = qkv.slice(-1, nq, nq + nkv), v = qkv.slice(-1, nq + nkv);
+  } else {
+    q = proj(lora_target::q, h), k = proj(lora_target::k, h), v = proj(lora_target::v, h);
+  }
+  q = q.reshape({B, T, cfg.num_heads, hd});     // [B,T,nh,hd]
+  k = k.reshape({B, T, cfg.num_kv_heads, hd});  // [B,T,nkv,hd]
+  if (cfg.qk_norm) {
+    q = rms_norm(cfg, q, lw[s::q_norm]);
+    k = rms_norm(cfg, k, lw[s::k_norm]);
+  }
+  q = q.transpose(1, 2);                                               // [B,nh,T,hd]
+  k = k.transpose(1, 2);                                               // [B,nkv,T,hd]
+  v = v.reshape({B, T, cfg.num_kv_heads, hd}).transpose(1, 2);         // [B,nkv,T,hd]
+  auto [cos_f, sin_f] = rope_for(cfg, ctx.rope, layer, start_pos, T);  // f32 [T,hd]
+  auto cos = cos_f.to(x.device(), x.scalar_type()), sin = sin_f.to(x.device(), x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache != nullptr) {
@@ -104,6 +155,9 @@ at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_we
       cache->k.resize(layer + 1);
       cache->v.resize(layer + 1);
     }
+    const int64_t cached = cache->k[layer].defined() ? cache->k[layer].size(2) : 0;
+    if (cached != start_pos)  // the mask assumes keys 0 .. start_pos+T-1
+      throw std::invalid_argument(fmt::format("KV cache of layer {} holds {} positions, the input starts at {}", layer, cached, start_pos));
     if (cache->k[layer].defined()) {
       k = torch::cat({cache->k[layer], k}, 2);
       v = torch::cat({cache->v[layer], v}, 2);
@@ -115,11 +169,27 @@ at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_we
     k = k.repeat_interleave(cfg.kv_groups(), 1);
     v = v.repeat_interleave(cfg.kv_groups(), 1);
   }
-  auto att = attention(q, k, v, start_pos);                           // [B,nh,T,hd]
-  att = att.transpose(1, 2).reshape({B, T, cfg.num_heads * hd});      // [B,T,nh*hd]
-  auto x1 = x + proj(lora_target::o, att);                            // [B,T,D]
-  auto h2 = rms_norm(x1, lw.post_norm, cfg.rms_norm_eps);
-  auto mlp = proj(lora_target::down, torch::silu(proj(lora_target::gate, h2)) * proj(lora_target::up, h2));
+  const int64_t window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+  auto att = attention(cfg, q, k, v, start_pos, window);          // [B,nh,T,hd]
+  att = att.transpose(1, 2).reshape({B, T, nq});                  // [B,T,nh*hd]
+  auto o = proj(lora_target::o, att);                             // [B,T,D]
+  at::Tensor x1, h2;
+  if (cfg.sandwich_norm) {
+    x1 = x + rms_norm(cfg, o, lw[s::post_attention_norm]);
+    h2 = rms_norm(cfg, x1, lw[s::pre_ffn_norm]);
+  } else {
+    x1 = x + o;
+    h2 = rms_norm(cfg, x1, lw[s::post_attention_norm]);
+  }
+  at::Tensor mlp;  // [B,T,D]
+  if (cfg.fused_proj) {
+    auto gu = proj(lora_target::gate_up, h2);  // [B,T,2I]
+    const int64_t I = cfg.intermediate_size;
+    mlp = proj(lora_target::down, gu.slice(-1, I) * activation(cfg, gu.slice(-1, 0, I)));
+  } else {
+    mlp = proj(lora_target::down, activation(cfg, proj(lora_target::gate, h2)) * proj(lora_target::up, h2));
+  }
+  if (cfg.sandwich_norm) mlp = rms_norm(cfg, mlp, lw[s::post_ffn_norm]);
   return x1 + mlp;
 }
 
@@ -129,7 +199,9 @@ at::Tensor decoder_layer(const llama_weights& w, int64_t layer, const lora_adapt
 }
 
 at::Tensor head_logits(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head, const at::Tensor& x) {
-  return torch::linear(rms_norm(x, final_norm, cfg.rms_norm_eps), lm_head);  // [B,T,V]
+  auto logits = torch::linear(rms_norm(cfg, x, final_norm), lm_head);  // [B,T,V]
+  if (cfg.final_softcap > 0) logits = torch::tanh(logits / cfg.final_softcap) * cfg.final_softcap;
+  return logits;
 }
 
 at::Tensor lm_logits(const llama_weights& w, const at::Tensor& x) { return head_logits(w.cfg, w.final_norm, w.lm_head, x); }

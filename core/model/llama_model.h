@@ -1,11 +1,15 @@
-// Llama model in LibTorch: frozen base weights, the layer-level forward pieces (embedding,
-// decoder layer, head) that the pipeline executor calls per stage, and the whole-model forward.
-// Architecture: token embedding, RMSNorm, RoPE (rotate_half, HF layout), grouped-query attention,
-// SwiGLU MLP, tied or untied LM head. Weights are loaded from an HF folder (single or sharded
-// safetensors) or a llama2.c .bin; they are frozen (requires_grad false) in the compute dtype.
+// Decoder model in LibTorch for every supported family: frozen base weights, the layer-level
+// forward pieces (embedding, decoder layer, head) that the pipeline executor calls per stage, and
+// the whole-model forward. Llama layout (RMSNorm, RoPE with rotate_half, grouped-query attention,
+// gated MLP, tied or untied head) plus what the families add, each switched by llama_config:
+// q/k/v (and o, MLP) biases, per-head q/k norms, fused qkv/gate_up (Phi-3), Gemma's (1 + w) norms,
+// sandwich norms, GeGLU, scaled embeddings, soft-capping and query scale, sliding-window layers, and
+// the RoPE scalings (linear, dynamic, yarn, llama3). Weights come from an HF folder (single or
+// sharded safetensors) or a llama2.c .bin and are frozen (requires_grad false) in the compute dtype.
 #pragma once
 
 #include <array>
+#include <utility>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -19,16 +23,27 @@
 
 namespace lorapipe {
 
+// One decoder layer's frozen tensors by layer_slot (layer_tensor_specs gives the ones a family
+// has; the others stay undefined). Projections are in HF [out, in] layout.
 struct layer_weights {
-  at::Tensor input_norm;  // [D]
-  // Projections in HF [out, in] layout, indexed by lora_target.
-  std::array<at::Tensor, num_lora_targets> proj;
-  at::Tensor post_norm;  // [D]
+  std::array<at::Tensor, num_layer_slots> t;
+  at::Tensor& operator[](layer_slot s) { return t[static_cast<size_t>(s)]; }
+  const at::Tensor& operator[](layer_slot s) const { return t[static_cast<size_t>(s)]; }
+  const at::Tensor& proj(lora_target x) const { return (*this)[proj_slot(x)]; }
 };
 
+// RoPE cos/sin tables (attention factor applied) for positions [0, max_position_embeddings), and
+// the inverse frequencies to extend them (longer sequences, dynamic NTK scaling).
+struct rope_table {
+  at::Tensor cos;       // f32 [P, head_dim]
+  at::Tensor sin;       // f32 [P, head_dim]
+  at::Tensor inv_freq;  // f32 [head_dim/2]
+  double attention_factor = 1.0;
+};
 struct rope_tables {
-  at::Tensor cos;  // f32 [max_pos, head_dim]
-  at::Tensor sin;  // f32 [max_pos, head_dim]
+  rope_table full;
+  rope_table local;  // sliding-window layers when their RoPE differs (Gemma 3); else undefined
+  rope_tables to(c10::Device d) const;
 };
 
 struct llama_weights {
@@ -56,6 +71,10 @@ struct load_options {
 // Path: an HF folder (config.json + model.safetensors[.index.json]) or a llama2.c .bin file.
 result<llama_weights> load_llama(const std::filesystem::path& path, const load_options& opt);
 rope_tables make_rope_tables(const llama_config& cfg);
+// cos/sin f32 [T, head_dim] for positions start_pos .. start_pos+T-1 of `layer` (its RoPE variant;
+// dynamic scaling for the sequence length start_pos+T as transformers computes it).
+std::pair<at::Tensor, at::Tensor> rope_for(const llama_config& cfg, const rope_tables& rope, int64_t layer, int64_t start_pos,
+                                           int64_t T);
 
 // What a decoder layer needs besides its own weights (the pipeline executor passes device copies).
 struct layer_context {
@@ -73,6 +92,8 @@ at::Tensor decoder_layer(const layer_context& ctx, int64_t layer, const layer_we
                          int64_t start_pos, kv_cache* cache);
 at::Tensor head_logits(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head,
                        const at::Tensor& x /*[B,T,D]*/);
+// Token embedding of the family (Gemma scales by sqrt(hidden_size)): [B,T,D] in the weight's dtype.
+at::Tensor embed_with(const llama_config& cfg, const at::Tensor& embed /*[V,D]*/, const at::Tensor& tokens /*i64 [B,T]*/);
 
 // Forward pieces. `lora` may be null (base model). `training` enables LoRA dropout.
 at::Tensor embed_tokens(const llama_weights& w, const at::Tensor& tokens /*i64 [B,T]*/);

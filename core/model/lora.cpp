@@ -1,7 +1,9 @@
 // LoRA adapters: see lora.h.
 #include "core/model/lora.h"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -61,7 +63,9 @@ lora_adapters init_lora(const llama_weights& w, const lora_config& cfg, uint64_t
   for (size_t l = 0; l < w.layers.size(); ++l)
     for (auto t : cfg.targets) {
       const int i = static_cast<int>(t);
-      const auto& W = w.layers[l].proj[i];  // [out, in]
+      const auto& W = w.layers[l].proj(t);  // [out, in]
+      if (!W.defined())
+        throw std::invalid_argument(fmt::format("LoRA target {} is not a module of model_type '{}'", lora_target_name(t), w.cfg.model_type));
       const int64_t out = W.size(0), in = W.size(1);
       const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform(a=sqrt(5))
       auto A = torch::empty({cfg.r, in}, torch::kFloat);
@@ -70,6 +74,18 @@ lora_adapters init_lora(const llama_weights& w, const lora_config& cfg, uint64_t
       a.layers[l][i].b = torch::zeros({out, cfg.r}, torch::kFloat).set_requires_grad(true);
     }
   return a;
+}
+
+status check_lora_targets(const llama_config& c, const std::vector<lora_target>& targets) {
+  const auto have = model_targets(c);
+  for (auto t : targets)
+    if (std::find(have.begin(), have.end(), t) == have.end()) {
+      std::vector<std::string> names;
+      for (auto h : have) names.push_back(lora_target_name(h));
+      return make_error("lora.targets: '{}' is not a module of model_type '{}' (its modules: {})", lora_target_name(t),
+                        c.model_type, fmt::join(names, ", "));
+    }
+  return ok_status();
 }
 
 status save_peft_adapter(const lora_adapters& a, const fs::path& dir) {
@@ -107,17 +123,28 @@ result<lora_adapters> load_peft_adapter(const fs::path& dir, const llama_weights
   json j = parse_json_or_discarded(text);
   const auto label = cfg_path.string();
   if (j.is_discarded() || !j.is_object()) return make_error("{}: not a JSON object", label);
-  if (j.value("peft_type", std::string()) != "LORA") return make_error("{}: peft_type must be LORA", label);
+  // PEFT writes null for unset options: read keys only when they hold the expected type.
+  auto text_of = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(); };
+  auto flag = [&](const char* k) { return j.contains(k) && j[k].is_boolean() && j[k].get<bool>(); };
+  if (text_of("peft_type") != "LORA") return make_error("{}: peft_type must be LORA", label);
   lora_adapters a;
-  a.base_model = j.value("base_model_name_or_path", std::string());
+  a.base_model = text_of("base_model_name_or_path");
   if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0)
     return make_error("{}: 'r' must be a positive integer", label);
   a.cfg.r = j["r"].get<int64_t>();
   if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number()) return make_error("{}: 'lora_alpha' must be a number", label);
   a.cfg.alpha = j["lora_alpha"].get<double>();
   if (j.contains("lora_dropout") && j["lora_dropout"].is_number()) a.cfg.dropout = j["lora_dropout"].get<double>();
-  if (j.value("use_rslora", false) || j.value("use_dora", false))
+  if (flag("use_rslora") || flag("use_dora"))
     return make_error("{}: rsLoRA and DoRA adapters are not supported", label);
+  // Settings that would change what the adapter computes and are not implemented.
+  for (const char* k : {"rank_pattern", "alpha_pattern"})
+    if (j.contains(k) && !j[k].is_null() && !j[k].empty()) return make_error("{}: '{}' is not supported", label, k);
+  for (const char* k : {"layers_to_transform", "modules_to_save", "trainable_token_indices", "target_parameters"})
+    if (j.contains(k) && !j[k].is_null()) return make_error("{}: '{}' is not supported", label, k);
+  if (flag("fan_in_fan_out")) return make_error("{}: 'fan_in_fan_out' is not supported", label);
+  if (j.contains("bias") && j["bias"].is_string() && j["bias"] != "none") return make_error("{}: 'bias' must be none", label);
+  if (flag("lora_bias")) return make_error("{}: 'lora_bias' is not supported", label);
   a.cfg.targets.clear();
   if (!j.contains("target_modules") || !j["target_modules"].is_array())
     return make_error("{}: 'target_modules' must be a list", label);
@@ -126,13 +153,14 @@ result<lora_adapters> load_peft_adapter(const fs::path& dir, const llama_weights
     if (!t) return make_error("{}: unsupported target module {}", label, m.dump());
     a.cfg.targets.push_back(*t);
   }
+  LP_TRY(check_lora_targets(w.cfg, a.cfg.targets));
   LP_TRY_ASSIGN(st, safetensors_file::open(dir / "adapter_model.safetensors"));
   a.layers.resize(w.layers.size());
   std::set<std::string> used;
   for (size_t l = 0; l < w.layers.size(); ++l)
     for (auto t : a.cfg.targets) {
       const int i = static_cast<int>(t);
-      const int64_t out = w.layers[l].proj[i].size(0), in = w.layers[l].proj[i].size(1);
+      const int64_t out = w.layers[l].proj(t).size(0), in = w.layers[l].proj(t).size(1);
       for (char ab : {'A', 'B'}) {
         auto name = peft_name(static_cast<int64_t>(l), i, ab);
         const auto* info = st.find(name);
@@ -160,18 +188,17 @@ status export_merged(const llama_weights& w, const lora_adapters& a, const fs::p
   const double scale = a.cfg.scale();
   std::vector<std::pair<std::string, at::Tensor>> t;
   t.emplace_back("model.embed_tokens.weight", w.embed);
+  const auto specs = layer_tensor_specs(w.cfg);
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const auto& lw = w.layers[l];
-    const std::string p = fmt::format("model.layers.{}.", l);
-    t.emplace_back(p + "input_layernorm.weight", lw.input_norm);
-    t.emplace_back(p + "post_attention_layernorm.weight", lw.post_norm);
-    for (int i = 0; i < num_lora_targets; ++i) {
-      at::Tensor W = lw.proj[i];
-      if (l < a.layers.size() && a.layers[l][i].a.defined()) {
-        auto delta = torch::matmul(a.layers[l][i].b, a.layers[l][i].a) * scale;  // f32 [out,in]
+    for (const auto& spec : specs) {
+      at::Tensor W = lw[spec.slot];
+      const int s = static_cast<int>(spec.slot) - static_cast<int>(layer_slot::q);
+      if (s >= 0 && s < num_lora_targets && l < a.layers.size() && a.layers[l][s].a.defined()) {
+        auto delta = torch::matmul(a.layers[l][s].b, a.layers[l][s].a) * scale;  // f32 [out,in]
         W = (W.to(torch::kFloat) + delta).to(W.scalar_type());
       }
-      t.emplace_back(p + lora_target_module(static_cast<lora_target>(i)) + ".weight", W);
+      t.emplace_back(fmt::format("model.layers.{}.{}", l, spec.name), W);
     }
   }
   t.emplace_back("model.norm.weight", w.final_norm);

@@ -30,6 +30,7 @@ struct lora_pair {
 };
 
 struct llama_weights;
+struct llama_config;
 
 struct lora_adapters {
   lora_config cfg;
@@ -43,6 +44,10 @@ struct lora_adapters {
   std::vector<std::string> parameter_names() const;
   int64_t num_parameters() const;
 };
+
+// Every target must be a projection the architecture has (Phi-3: qkv_proj, o_proj, gate_up_proj,
+// down_proj; the others: q/k/v/o and gate/up/down); the error names lora.targets.
+status check_lora_targets(const llama_config& c, const std::vector<lora_target>& targets);
 
 // PEFT initialisation: A ~ kaiming_uniform(a=sqrt(5)) (bound 1/sqrt(in)), B = 0. Seeded.
 lora_adapters init_lora(const llama_weights& w, const lora_config& cfg, uint64_t seed);

@@ -20,12 +20,15 @@ schedule_options schedule_options_of(const project_config& cfg) {
 size_t compute_element_bytes(const project_config& cfg) { return cfg.model.dtype == "float32" ? 4 : 2; }
 
 std::vector<size_t> stage_tensor_bytes(const stage_def& st, const llama_config& c, size_t elem) {
-  const size_t D = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.intermediate_size);
-  const size_t q = static_cast<size_t>(c.num_heads * c.head_dim), kv = static_cast<size_t>(c.num_kv_heads * c.head_dim);
-  const size_t V = static_cast<size_t>(c.vocab_size);
+  const size_t D = static_cast<size_t>(c.hidden_size), V = static_cast<size_t>(c.vocab_size);
+  std::vector<size_t> layer;
+  for (const auto& spec : layer_tensor_specs(c)) {
+    size_t n = 1;
+    for (auto d : spec.shape) n *= static_cast<size_t>(d);
+    layer.push_back(n * elem);
+  }
   std::vector<size_t> out;
-  for (int32_t l = st.first_layer; l < st.last_layer; ++l)
-    for (size_t n : {D, D, q * D, kv * D, kv * D, D * q, I * D, I * D, D * I}) out.push_back(n * elem);
+  for (int32_t l = st.first_layer; l < st.last_layer; ++l) out.insert(out.end(), layer.begin(), layer.end());
   if (st.has_embed) out.push_back(V * D * elem);
   if (st.has_head) {
     out.push_back(D * elem);
@@ -48,8 +51,9 @@ double stash_bytes_per_layer(const llama_config& c, int64_t tokens, size_t elem_
 sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, double gflops) {
   const size_t elem = compute_element_bytes(cfg);
   const int64_t tokens = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches) * cfg.data.seq_len;
-  const double layer_params = static_cast<double>(mc.hidden_size) * mc.head_dim * (2 * mc.num_heads + 2 * mc.num_kv_heads) +
-                              3.0 * mc.hidden_size * mc.intermediate_size;
+  const double layer_params =
+      static_cast<double>(mc.num_parameters() - mc.vocab_size * mc.hidden_size * (mc.tie_word_embeddings ? 1 : 2) - mc.hidden_size) /
+      static_cast<double>(mc.num_layers);
   const double attn_flops = 4.0 * cfg.data.seq_len * mc.num_heads * mc.head_dim * tokens;
   const double f_layer = (2.0 * layer_params * tokens + attn_flops) / (gflops * 1e9);
   sim_costs c;

@@ -23,7 +23,7 @@ schedule_options schedule_options_of(const project_config& cfg);
 size_t compute_element_bytes(const project_config& cfg);
 
 // Sizes in bytes of the frozen tensors of a stage, in the order the executor places them in its
-// weight block: per layer input_norm, post_norm, q k v o gate up down; then the embedding; then the
+// weight block: per layer its layer_tensor_specs (norms, projections, biases); then the embedding; then the
 // final norm and the LM head (not when the stage also embeds and the head is tied to it).
 std::vector<size_t> stage_tensor_bytes(const stage_def& st, const llama_config& c, size_t elem);
 // The weight block of every stage of a program (layout_block at weight_alignment).

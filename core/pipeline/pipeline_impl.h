@@ -180,11 +180,9 @@ struct pipeline_executor::impl {
   // The frozen host tensors of a stage, in the order they are laid out in its weight block.
   std::vector<at::Tensor> stage_host_weights(const stage_def& st) const {
     std::vector<at::Tensor> out;
-    for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
-      out.push_back(w.layers[l].input_norm);
-      out.push_back(w.layers[l].post_norm);
-      for (const auto& p : w.layers[l].proj) out.push_back(p);
-    }
+    const auto specs = layer_tensor_specs(w.cfg);
+    for (int32_t l = st.first_layer; l < st.last_layer; ++l)
+      for (const auto& spec : specs) out.push_back(w.layers[l][spec.slot]);
     if (st.has_embed) out.push_back(w.embed);
     if (st.has_head) {
       out.push_back(w.final_norm);
@@ -234,7 +232,7 @@ struct pipeline_executor::impl {
     at::Tensor x = input;
     if (st.has_embed) {
       if (ckpt != nullptr && saves_checkpoint(stage, 0)) (*ckpt)[0] = mb.tokens;
-      x = torch::embedding(sw.embed, input);  // [b,T,D]
+      x = embed_with(w.cfg, sw.embed, input);  // [b,T,D]
     }
     for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
       if (ckpt != nullptr && l > 0 && saves_checkpoint(stage, l)) (*ckpt)[l] = x.detach();

@@ -69,7 +69,7 @@ void impl::load_device_lora(worker_ctx& c) {
           if (p.a.defined() && !c.lora.layers[l][i].a.defined())
             c.lora.layers[l][i] = {p.a.to(c.tdev, w.embed.scalar_type()), p.b.to(c.tdev, w.embed.scalar_type())};
         }
-  c.rope = rope_tables{w.rope.cos.to(c.tdev), w.rope.sin.to(c.tdev)};
+  c.rope = w.rope.to(c.tdev);
 }
 
 const micro_batch& impl::mb(worker_ctx& c, int32_t m) {
@@ -141,14 +141,13 @@ void impl::exec_prefetch(worker_ctx& c, const instr& in) {
   auto sw = std::make_shared<stage_weights>();
   compute_device* devp = &c.dev;
   const size_t bytes = place->bytes;
-  weights[s] = {c.dev.weight_upload().submit(bytes, [sw, st, devp, p = *place, host_list, tied = w.cfg.tie_word_embeddings] {
+  weights[s] = {c.dev.weight_upload().submit(bytes, [sw, st, devp, p = *place, host_list, tied = w.cfg.tie_word_embeddings,
+                                                      specs = layer_tensor_specs(w.cfg)] {
                   auto t = devp->upload_weights(p, host_list);
                   size_t i = 0;
                   for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
                     layer_weights lw;
-                    lw.input_norm = t[i++];
-                    lw.post_norm = t[i++];
-                    for (int k = 0; k < num_lora_targets; ++k) lw.proj[k] = t[i++];
+                    for (const auto& spec : specs) lw[spec.slot] = t[i++];
                     sw->layers.push_back(std::move(lw));
                   }
                   if (st.has_embed) sw->embed = t[i++];
@@ -232,7 +231,7 @@ void impl::exec_backward_by_layer(worker_ctx& c, const instr& in) {
       at::Tensor x = take(c, 'c', l, m), leaf;
       if (l == 0) {
         torch::NoGradGuard ng;
-        x = torch::embedding(sw.embed, x);  // checkpoint 0 holds token ids; the embedding is frozen
+        x = embed_with(w.cfg, sw.embed, x);  // checkpoint 0 holds token ids; the embedding is frozen
       } else {
         leaf = x.detach().requires_grad_(true);
         x = leaf;

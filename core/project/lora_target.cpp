@@ -3,11 +3,11 @@
 
 namespace lorapipe {
 namespace {
-constexpr const char* target_names[num_lora_targets] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                         "gate_proj", "up_proj", "down_proj"};
+constexpr const char* target_names[num_lora_targets] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                         "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
 constexpr const char* target_modules[num_lora_targets] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                            "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                                                           "mlp.down_proj"};
+                                                           "mlp.down_proj", "self_attn.qkv_proj", "mlp.gate_up_proj"};
 }  // namespace
 
 const char* lora_target_name(lora_target t) { return target_names[static_cast<int>(t)]; }

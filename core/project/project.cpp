@@ -178,8 +178,15 @@ status validate_project(const project_config& c) {
     if (!mc) p.push_back(fmt::format("model.path: {}", mc.message()));
     else {
       need(c.lora.r <= mc->hidden_size, "lora.r", fmt::format("must be <= hidden_size ({})", mc->hidden_size));
-      need(c.data.seq_len <= mc->max_position_embeddings, "data.seq_len",
+      need(c.data.seq_len <= mc->context_length(), "data.seq_len",
            fmt::format("must be <= the model's context length ({})", mc->max_position_embeddings));
+      const auto have = model_targets(*mc);
+      std::vector<std::string> names;
+      for (auto h : have) names.push_back(lora_target_name(h));
+      for (const auto& t : c.lora.targets)
+        if (auto lt = lora_target_from_name(t); lt && std::find(have.begin(), have.end(), *lt) == have.end())
+          need(false, "lora.targets",
+               fmt::format("'{}' is not a module of model_type '{}' (its modules: {})", t, mc->model_type, fmt::join(names, ", ")));
     }
   }
   need(c.lora.alpha > 0, "lora.alpha", "must be positive");

@@ -42,7 +42,7 @@ result<project_inputs> load_project_inputs(const project_config& cfg, observer& 
   LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
   if (tok->vocab_size() > w.cfg.vocab_size)
     return make_error("tokenizer has {} tokens but the model only {}", tok->vocab_size(), w.cfg.vocab_size);
-  if (cfg.data.seq_len > w.cfg.max_position_embeddings)
+  if (cfg.data.seq_len > w.cfg.context_length())
     return make_error("data.seq_len: {} exceeds the model's context length {}", cfg.data.seq_len, w.cfg.max_position_embeddings);
   const std::string data_path = cfg.resolve(cfg.data.train).string();
   auto progress = [&](int64_t done, int64_t total) {

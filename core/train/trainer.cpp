@@ -193,7 +193,7 @@ class trainer {
     if (!rig_.evaluator) return sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, at, cancel);
     pipeline_validation scope(rig_);
     return sample_text(*in_->tok, cfg_, obs_, at, cancel, [&](const std::vector<int32_t>& prompt, const sampling_options& so) {
-      return pipeline_greedy(rig_, prompt, so.max_new_tokens, so.stop_id, in_->weights.cfg.max_position_embeddings,
+      return pipeline_greedy(rig_, prompt, so.max_new_tokens, so.stop_id, in_->weights.cfg.context_length(),
                              [&](int32_t id) { return (!so.on_token || so.on_token(id)) && !cancel_requested(so.cancel); });
     });
   }

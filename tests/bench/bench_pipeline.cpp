@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
     }
   }
   double layer_bytes = 0;
-  for (const auto& p : w.layers[0].proj) layer_bytes += p.numel() * 4.0;
+  for (const auto& p : w.layers[0].t)
+    if (p.defined()) layer_bytes += p.numel() * 4.0;
   double mean_f = 0;
   for (size_t i = 0; i < f.size(); ++i) {
     f[i] = nf[i] ? f[i] / nf[i] : 0;
