@@ -128,7 +128,9 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
     nlohmann::json j = {{"schedule", prog.schedule}, {"devices", prog.num_devices()}, {"micro_batches", prog.micro_batches},
                         {"stages", prog.stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
                         {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(prog)},
-                        {"stage_weight_bytes", rep->stage_bytes}};
+                        {"stage_weight_bytes", rep->stage_bytes},
+                        {"head", {{"chunk_rows", rep->head_chunk_rows}, {"working_bytes", rep->head_working_bytes},
+                                  {"full_logits_bytes", rep->full_logits_bytes}}}};
     for (const auto& a : rep->arenas)
       j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
     for (const auto& l : rep->links)
@@ -142,6 +144,9 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
   for (size_t d = 0; d < r.peak_bytes.size(); ++d)
     std::cout << fmt::format("  device {}: peak memory {:.1f} MiB (weight arena {:.1f} MiB, {} stage(s) at once), busy {:.3f} s\n", d,
                              r.peak_bytes[d] / 1048576.0, rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
+  std::cout << fmt::format("  LM head: loss on labelled positions only, {} rows per chunk, working set {:.1f} MiB "
+                           "(full logits and their gradient would take {:.1f} MiB per micro-batch)\n",
+                           rep->head_chunk_rows, rep->head_working_bytes / 1048576.0, rep->full_logits_bytes / 1048576.0);
   for (const auto& l : rep->links)
     std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);
   if (show_grid) std::cout << r.grid;

@@ -34,6 +34,9 @@ result<plan_report> make_plan(const project_config& cfg, double gflops) {
     if (!r.sim.ok) return make_error("the generated program is invalid: {}\n{}", r.sim.error, r.sim.grid);
     r.stage_bytes = stage_weight_bytes(r.prog, mc, compute_element_bytes(cfg));
     r.arenas = plan_weight_arenas(r.prog, r.stage_bytes, weight_alignment);
+    r.head_chunk_rows = head_chunk_rows(mc);
+    r.head_working_bytes = head_working_bytes(mc, r.tokens_per_micro_batch);
+    r.full_logits_bytes = 2 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // f32 logits and their gradient
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
     LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available()));

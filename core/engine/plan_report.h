@@ -1,6 +1,6 @@
 // The plan of a project before anything runs: its pipeline program, checked and simulated with the
 // cost model (FLOPs at an assumed throughput, the executor's exact stage weight bytes), the weight
-// arena each device reserves, and the transport of every link.
+// arena each device reserves, the head's chunked working set, and the transport of every link.
 #pragma once
 
 #include <string>
@@ -23,6 +23,12 @@ struct plan_report {
   std::vector<weight_arena_plan> arenas;     // per device
   std::vector<device_facts> devices;
   std::vector<link_transport> links;
+  // The head stage's loss runs on labelled positions in chunks (head_loss_sum): rows per chunk and
+  // the working set of one chunk (f32 logits, softmax, gradient) on the device holding the head,
+  // next to what full logits of a micro-batch would take.
+  int64_t head_chunk_rows = 0;
+  int64_t head_working_bytes = 0;
+  int64_t full_logits_bytes = 0;
 };
 
 result<plan_report> make_plan(const project_config& cfg, double gflops);

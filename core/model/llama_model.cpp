@@ -1,6 +1,7 @@
 // Llama forward pass: see llama_model.h.
 #include "core/model/llama_model.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -212,6 +213,78 @@ at::Tensor forward(const llama_weights& w, const lora_adapters* lora, const at::
   for (int64_t l = 0; l < w.cfg.num_layers; ++l) x = decoder_layer(w, l, lora, x, start_pos, cache, training, dropout_seed);
   if (cache != nullptr) cache->length = start_pos + tokens.size(1);
   return lm_logits(w, x);
+}
+
+at::Tensor forward_hidden(const llama_weights& w, const lora_adapters* lora, const at::Tensor& tokens, bool training,
+                          uint64_t dropout_seed) {
+  auto x = embed_tokens(w, tokens);
+  for (int64_t l = 0; l < w.cfg.num_layers; ++l) x = decoder_layer(w, l, lora, x, 0, nullptr, training, dropout_seed);
+  return x;  // [B,T,D]
+}
+
+namespace {
+
+// Cross-entropy summed over rows h [N,D] (final-normed) against targets y i64 [N], chunk by chunk
+// over the rows; the backward recomputes each chunk's logits. The head is frozen: no gradient for it.
+struct chunked_head_ce : torch::autograd::Function<chunked_head_ce> {
+  // logits of rows [s, e): soft-capped in the compute dtype as head_logits does, then f32 [e-s, V]
+  static at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& w, double cap, int64_t s, int64_t e, at::Tensor* capped) {
+    auto l = torch::linear(h.slice(0, s, e), w);  // [c,V] compute dtype
+    if (cap > 0) l = torch::tanh(l / cap) * cap;
+    if (capped != nullptr) *capped = l;
+    return l.to(torch::kFloat);
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& y,
+                            double cap, int64_t rows) {
+    const int64_t N = h.size(0);
+    auto lse = torch::empty({N}, h.options().dtype(torch::kFloat));  // f32 [N]
+    auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
+    for (int64_t s = 0; s < N; s += rows) {
+      const int64_t e = std::min(N, s + rows);
+      auto l = chunk_logits(h, w, cap, s, e, nullptr);  // f32 [c,V]
+      auto z = torch::logsumexp(l, -1);                  // f32 [c]
+      lse.slice(0, s, e).copy_(z);
+      total += (z - l.gather(1, y.slice(0, s, e).unsqueeze(1)).squeeze(1)).sum();
+    }
+    ctx->save_for_backward({h, w, y, lse});
+    ctx->saved_data["cap"] = cap;
+    ctx->saved_data["rows"] = rows;
+    return total;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &h = saved[0], &w = saved[1], &y = saved[2], &lse = saved[3];
+    const double cap = ctx->saved_data["cap"].toDouble();
+    const int64_t rows = ctx->saved_data["rows"].toInt(), N = h.size(0);
+    const auto g = grads[0].to(torch::kFloat);  // f32 []
+    auto gh = torch::empty_like(h);              // [N,D]
+    for (int64_t s = 0; s < N; s += rows) {
+      const int64_t e = std::min(N, s + rows);
+      at::Tensor capped;
+      auto l = chunk_logits(h, w, cap, s, e, &capped);                      // f32 [c,V]
+      auto p = torch::exp(l - lse.slice(0, s, e).unsqueeze(1));             // softmax, f32 [c,V]
+      p.scatter_add_(1, y.slice(0, s, e).unsqueeze(1), torch::full({e - s, 1}, -1.0, p.options()));
+      auto dl = (p * g).to(h.scalar_type());                                // d loss / d capped logits [c,V]
+      if (cap > 0) dl = dl * (1 - (capped / cap).pow(2));                   // tanh'
+      gh.slice(0, s, e).copy_(torch::matmul(dl, w));                        // [c,D]
+    }
+    return {gh, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor head_loss_sum(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head, const at::Tensor& x,
+                         const at::Tensor& labels, int64_t chunk_bytes) {
+  const int64_t D = x.size(-1);
+  auto flat = labels.reshape({-1});                                       // i64 [B*T]
+  auto idx = flat.ne(-100).nonzero().squeeze(1);                          // i64 [N]
+  if (idx.numel() == 0) return (x.sum() * 0).to(torch::kFloat);           // keeps the graph, value 0
+  auto h = rms_norm(cfg, x.reshape({-1, D}).index_select(0, idx), final_norm);  // [N,D]
+  const int64_t rows = head_chunk_rows(cfg, chunk_bytes);
+  return chunked_head_ce::apply(h, lm_head, flat.index_select(0, idx), cfg.final_softcap, rows);  // f32 []
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {

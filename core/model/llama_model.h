@@ -105,6 +105,19 @@ at::Tensor lm_logits(const llama_weights& w, const at::Tensor& x /*[B,T,D]*/);  
 at::Tensor forward(const llama_weights& w, const lora_adapters* lora, const at::Tensor& tokens, int64_t start_pos = 0,
                    kv_cache* cache = nullptr, bool training = false, uint64_t dropout_seed = 0);
 
+// The hidden state after the last decoder layer (no final norm, no head): [B,T,D].
+at::Tensor forward_hidden(const llama_weights& w, const lora_adapters* lora, const at::Tensor& tokens, bool training = false,
+                          uint64_t dropout_seed = 0);
+
+// Summed token cross-entropy (f32 scalar) over the positions whose label is not -100, without the
+// full logits: only those rows of x go through the final norm, the head (soft-capped where the
+// family does) and the loss, in chunks of rows whose f32 logits fit `chunk_bytes`; the backward
+// recomputes each chunk's logits instead of keeping them. Equal to causal_lm_loss_sum(head_logits(x))
+// to fp32 rounding; 0 when no position is labelled.
+at::Tensor head_loss_sum(const llama_config& cfg, const at::Tensor& final_norm, const at::Tensor& lm_head,
+                         const at::Tensor& x /*[B,T,D]*/, const at::Tensor& labels /*i64 [B,T]*/,
+                         int64_t chunk_bytes = default_head_chunk_bytes);
+
 // Mean token cross-entropy (f32 scalar) of logits [B,T,V] against labels i64 [B,T]; -100 = ignored.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 // Summed token cross-entropy (f32 scalar) over the labels that are not -100 (0 when there are none).

@@ -243,13 +243,20 @@ struct pipeline_executor::impl {
       auto last = head_logits(w.cfg, sw.final_norm, sw.lm_head, x.slice(1, x.size(1) - 1)).select(1, 0);  // [b,V]
       return last.to(at::kCPU, at::kFloat);
     }
-    auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, x);
+    return head_loss(sw, x, mb, loss_out);
+  }
+
+  // The head stage's loss (for backward): the head and cross-entropy on labelled positions only, in
+  // chunks (head_loss_sum); token-weighted over the step when micro-batches carry a loss_scale, else
+  // the micro-batch mean over micro_batches. `loss_out`: this micro-batch's reported loss.
+  at::Tensor head_loss(const stage_weights& sw, const at::Tensor& x, const micro_batch& mb, double* loss_out) const {
+    auto sum = head_loss_sum(w.cfg, sw.final_norm, sw.lm_head, x, mb.labels);  // f32 []
     if (mb.loss_scale > 0) {
-      auto loss = causal_lm_loss_sum(logits, mb.labels) * mb.loss_scale;
+      auto loss = sum * mb.loss_scale;
       if (loss_out != nullptr) *loss_out = loss.item<double>() * prog.micro_batches;  // the step's loss is sum / micro_batches
       return loss;
     }
-    auto loss = causal_lm_loss(logits, mb.labels);
+    auto loss = sum / mb.labels.ne(-100).sum().clamp_min(1).to(torch::kFloat);
     if (loss_out != nullptr) *loss_out = loss.item<double>();
     return loss / static_cast<double>(prog.micro_batches);
   }

@@ -239,9 +239,7 @@ void impl::exec_backward_by_layer(worker_ctx& c, const instr& in) {
       auto mem = stash_block(c, 1);
       auto out = decoder_layer(ctx, l, sw.layers[l - st.first_layer], x, 0, nullptr);
       if (st.has_head && l == st.last_layer - 1) {
-        auto logits = head_logits(w.cfg, sw.final_norm, sw.lm_head, out);
-        if (mb(c, m).loss_scale > 0) (causal_lm_loss_sum(logits, mb(c, m).labels) * mb(c, m).loss_scale).backward();
-        else (causal_lm_loss(logits, mb(c, m).labels) / static_cast<double>(prog.micro_batches)).backward();
+        head_loss(sw, out, mb(c, m), nullptr).backward();
       } else {
         out.backward(grad);
       }

@@ -321,6 +321,15 @@ int64_t llama_config::context_length() const {
   return rope.type == "dynamic" ? std::numeric_limits<int64_t>::max() / 4 : max_position_embeddings;
 }
 
+int64_t head_chunk_rows(const llama_config& c, int64_t chunk_bytes) {
+  return std::max<int64_t>(1, chunk_bytes / (std::max<int64_t>(1, c.vocab_size) * 4));
+}
+
+int64_t head_working_bytes(const llama_config& c, int64_t labelled, int64_t chunk_bytes) {
+  const int64_t rows = std::min(std::max<int64_t>(1, labelled), head_chunk_rows(c, chunk_bytes));
+  return 3 * rows * c.vocab_size * 4;  // f32 logits, softmax and its gradient of one chunk
+}
+
 std::string config_key_status(const std::string& model_type, const std::string& key) {
   if (common_keys().count(key) || family_keys(model_type).count(key)) return "read";
   if (ignored_keys().count(key)) return "ignored";

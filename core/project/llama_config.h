@@ -74,6 +74,14 @@ struct llama_config {
   int64_t num_parameters() const;
 };
 
+// The LM head and loss run on labelled positions only, in chunks of rows whose f32 logits fit this
+// budget (head_loss_sum in core/model); the backward recomputes a chunk's logits.
+inline constexpr int64_t default_head_chunk_bytes = int64_t{64} << 20;
+// Rows of one chunk, and the head's peak working set (a chunk's logits, softmax and gradient, f32)
+// for `labelled` labelled positions in a micro-batch.
+int64_t head_chunk_rows(const llama_config& c, int64_t chunk_bytes = default_head_chunk_bytes);
+int64_t head_working_bytes(const llama_config& c, int64_t labelled, int64_t chunk_bytes = default_head_chunk_bytes);
+
 // Parses and validates config.json contents; `label` names the file in errors.
 result<llama_config> parse_llama_config(const nlohmann::json& j, const std::string& label);
 result<llama_config> load_llama_config(const std::filesystem::path& config_json);

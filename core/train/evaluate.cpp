@@ -80,7 +80,7 @@ eval_result evaluate_windows(const llama_weights& w, const lora_adapters* lora, 
                              int64_t max_batches, observer& obs, int64_t step, const cancel_token* cancel) {
   return evaluate_windows(set, batch, max_batches, obs, step, cancel, [&](const at::Tensor& x, const at::Tensor& y) {
     torch::NoGradGuard no_grad;
-    return causal_lm_loss(forward(w, lora, x), y).item<double>() * static_cast<double>(trained_labels(y));
+    return head_loss_sum(w.cfg, w.final_norm, w.lm_head, forward_hidden(w, lora, x), y).item<double>();
   });
 }
 

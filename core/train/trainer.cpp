@@ -300,13 +300,15 @@ class trainer {
     for (size_t micro = 0; micro < batches.size(); ++micro) {
       const auto& [x, y] = batches[micro];
       const uint64_t key = dropout_key(static_cast<uint64_t>(cfg_.run.seed), step_, static_cast<int64_t>(micro));
-      auto logits = forward(in_->weights, &lora_, x, 0, nullptr, true, key);  // f32 [B,T,V]
+      // The head and the loss only on labelled positions, in chunks (never the [B,T,V] logits).
+      const auto& w = in_->weights;
+      auto sum = head_loss_sum(w.cfg, w.final_norm, w.lm_head, forward_hidden(w, &lora_, x, true, key), y);  // f32 []
       if (!masked) {
-        auto loss = causal_lm_loss(logits, y);  // f32 []
+        auto loss = sum / static_cast<double>(std::max<int64_t>(1, trained_labels(y)));  // f32 []
         (loss / static_cast<double>(cfg_.run.grad_accum)).backward();
         loss_sum += loss.item<double>() / static_cast<double>(cfg_.run.grad_accum);
       } else {  // token-weighted over the whole step: sum over trained labels / their count
-        auto loss = causal_lm_loss_sum(logits, y) / static_cast<double>(std::max<int64_t>(1, step_trained));
+        auto loss = sum / static_cast<double>(std::max<int64_t>(1, step_trained));
         loss.backward();
         loss_sum += loss.item<double>();
       }
