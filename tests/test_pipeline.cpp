@@ -345,10 +345,15 @@ TEST(Pipeline, AsyncOptimizerIsExactlyOneStepStale) {
   auto rp = ref.parameters();
   std::vector<at::Tensor> p0;
   for (auto& p : rp) p0.push_back(p.detach().clone());
-  causal_lm_loss(forward(f.w, &ref, f.x, 0, nullptr, true), f.y).backward();
+  // The loss as the executor's head stage computes it (labelled positions, chunked head).
+  auto mean_loss = [&](const at::Tensor& x, const at::Tensor& y) {
+    return head_loss_sum(f.w.cfg, f.w.final_norm, f.w.lm_head, forward_hidden(f.w, &ref, x, true), y) /
+           static_cast<double>(y.ne(-100).sum().item<int64_t>());
+  };
+  mean_loss(f.x, f.y).backward();
   std::vector<at::Tensor> g0 = grads(ref);
   for (auto& p : rp) p.mutable_grad().zero_();
-  causal_lm_loss(forward(f.w, &ref, x2, 0, nullptr, true), y2).backward();  // still at p0
+  mean_loss(x2, y2).backward();  // still at p0
   std::vector<at::Tensor> g1 = grads(ref);
   {
     torch::NoGradGuard ng;

@@ -67,6 +67,7 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
   for (size_t b : stage_weight_bytes(p, mc, elem)) c.weight_bytes.push_back(static_cast<double>(b));
   c.act_bytes = static_cast<double>(tokens) * mc.hidden_size * elem;
   c.stash_bytes_per_layer = stash_bytes_per_layer(mc, tokens, elem);
+  c.head_bytes = static_cast<double>(head_working_bytes(mc, tokens));
   c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
   c.steady_state = true;
   return c;

@@ -200,6 +200,9 @@ class sim_run {
     if (!st.has_head) {
       ready_[{'a', st.last_layer, m, d}] = ds.clock;
       ds.mem.push_back({ds.clock, act_});
+    } else {  // the chunked head loss while the head runs
+      ds.mem.push_back({ds.clock - c_.forward_s[s], c_.head_bytes});
+      ds.mem.push_back({ds.clock, -c_.head_bytes});
     }
     if (!has_recompute_.count(s)) {
       ready_[{'s', s, m, d}] = ds.clock;
@@ -230,6 +233,10 @@ class sim_run {
     std::vector<key> needs{weights(d, s), {'s', s, m, d}};
     if (!st.has_head) needs.push_back({'g', st.last_layer, m, d});
     if (!compute(d, in, c_.backward_s[s], needs)) return false;
+    if (st.has_head) {  // the head's chunks recomputed for the gradient
+      ds.mem.push_back({ds.clock - c_.backward_s[s], c_.head_bytes});
+      ds.mem.push_back({ds.clock, -c_.head_bytes});
+    }
     ds.mem.push_back({ds.clock, -layers(s) * c_.stash_bytes_per_layer});
     if (!st.has_head) ds.mem.push_back({ds.clock, -act_});
     if (!st.has_embed) {

@@ -19,6 +19,7 @@ struct sim_costs {
   std::vector<double> weight_bytes;  // per stage
   double act_bytes = 0;             // one boundary activation (or gradient) of one micro-batch
   double stash_bytes_per_layer = 0;  // autograd graph kept per layer per micro-batch
+  double head_bytes = 0;            // the head stage's chunked loss working set, during its forward and backward
   double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
   double d2h_bytes_per_s = 0;
   double copy_latency_s = 0;
