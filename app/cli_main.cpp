@@ -145,7 +145,7 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
     std::cout << fmt::format("  device {}: peak memory {:.1f} MiB (weight arena {:.1f} MiB, {} stage(s) at once), busy {:.3f} s\n", d,
                              r.peak_bytes[d] / 1048576.0, rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
   std::cout << fmt::format("  LM head: loss on labelled positions only, {} rows per chunk, working set {:.1f} MiB "
-                           "(full logits and their gradient would take {:.1f} MiB per micro-batch)\n",
+                           "(full logits, softmax and gradient would take {:.1f} MiB per micro-batch)\n",
                            rep->head_chunk_rows, rep->head_working_bytes / 1048576.0, rep->full_logits_bytes / 1048576.0);
   for (const auto& l : rep->links)
     std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);

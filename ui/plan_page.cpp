@@ -139,7 +139,7 @@ void PlanPage::replan() {
                           .arg(sim.bubble_ratio, 0, 'f', 3)
                           .arg(p.gflops, 0, 'g', 4) +
                       tr("<br>LM head: loss on labelled positions only, in chunks of %1 rows: working set <b>%2 MiB</b> "
-                         "(full logits and their gradient would take %3 MiB per micro-batch)")
+                         "(full logits, softmax and gradient would take %3 MiB per micro-batch)")
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
                           .arg(mib(static_cast<double>(p.full_logits_bytes))));

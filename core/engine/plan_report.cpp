@@ -36,7 +36,7 @@ result<plan_report> make_plan(const project_config& cfg, double gflops) {
     r.arenas = plan_weight_arenas(r.prog, r.stage_bytes, weight_alignment);
     r.head_chunk_rows = head_chunk_rows(mc);
     r.head_working_bytes = head_working_bytes(mc, r.tokens_per_micro_batch);
-    r.full_logits_bytes = 2 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // f32 logits and their gradient
+    r.full_logits_bytes = 3 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // the same three f32 tensors, for every position
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
     LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available()));

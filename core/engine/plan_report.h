@@ -25,7 +25,7 @@ struct plan_report {
   std::vector<link_transport> links;
   // The head stage's loss runs on labelled positions in chunks (head_loss_sum): rows per chunk and
   // the working set of one chunk (f32 logits, softmax, gradient) on the device holding the head,
-  // next to what full logits of a micro-batch would take.
+  // next to what the same for full logits of a micro-batch would take.
   int64_t head_chunk_rows = 0;
   int64_t head_working_bytes = 0;
   int64_t full_logits_bytes = 0;
