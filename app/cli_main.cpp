@@ -19,6 +19,7 @@
 #include "app/cli_runs.h"
 #include "core/base/cancel.h"
 #include "core/base/file_io.h"
+#include "core/engine/build_info.h"
 #include "core/engine/model_session.h"
 #include "core/engine/plan_report.h"
 #include "core/project/llama_config.h"
@@ -170,7 +171,7 @@ int cmd_validate(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"lorapipe-cli: LoRA fine-tuning of Llama models (headless)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "lorapipe 0.1.0");
+  app.set_version_flag("--version", [] { return build_info_text(describe_build(), "lorapipe-cli"); }, "Print the lorapipe, LibTorch and CUDA versions and exit");
 
   train_args ta;
   auto* train = app.add_subcommand("train", "Fine-tune with LoRA as described by a project file");

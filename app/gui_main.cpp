@@ -6,14 +6,15 @@
 #include <QIcon>
 #include <QTimer>
 
+#include "core/engine/build_info.h"
 #include "ui/main_window.h"
 
 int main(int argc, char** argv) {
   QApplication app(argc, argv);
   QApplication::setApplicationName("lorapipe");
   QApplication::setOrganizationName("lorapipe");
-  QApplication::setApplicationVersion("0.1.0");
-  QApplication::setDesktopFileName("lorapipe");
+  QApplication::setApplicationVersion(QString::fromStdString(lorapipe::lorapipe_version()));
+  QApplication::setDesktopFileName("io.github.lorapipe.lorapipe");
   QApplication::setWindowIcon(QIcon(":/lorapipe/lorapipe.svg"));
   QCommandLineParser args;
   args.setApplicationDescription("LoRA fine-tuning of LLMs, pipelined across consumer GPUs");

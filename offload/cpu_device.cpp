@@ -79,6 +79,14 @@ bool gpu_peer_access(int from, int to) {
 #endif
 }
 
+cuda_versions cuda_version_info() {
+#ifdef LORAPIPE_HAS_CUDA
+  return cuda_runtime_versions();
+#else
+  return {};
+#endif
+}
+
 bool nccl_available() {
 #ifdef LORAPIPE_HAS_NCCL
   return true;

@@ -164,6 +164,12 @@ inline std::vector<device_facts> facts_of(const std::vector<compute_device*>& de
 }
 // Whether GPU `to` can access GPU `from`'s memory directly (enabling it); false without CUDA.
 bool gpu_peer_access(int from, int to);
+// The CUDA of this process: the CUDART_VERSION compiled against (0 = a build without CUDA), the
+// runtime library loaded and the driver's CUDA version (0 = none), as 13000 for 13.0. Never throws.
+struct cuda_versions {
+  int compiled = 0, runtime = 0, driver = 0;
+};
+cuda_versions cuda_version_info();
 // Whether this build has the NCCL transport.
 bool nccl_available();
 // Creates the NCCL communicators of the nccl transport: one two-rank communicator per link direction

@@ -2,7 +2,7 @@
 # Sets up, builds and runs the whole test suite (ctest). GPU tests (label `gpu`) skip without a GPU.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/packaging/setup.sh"
+LORAPIPE_SETUP_PACKAGING=1 bash "$root/packaging/setup.sh"  # with the packaging tools: package_tests builds the .deb
 # Test-only: transformers and PEFT make the model-family fixtures and check lorapipe's adapters.
 venv="${LORAPIPE_VENV:-$root/.venv}"
 if ! "$venv/bin/python" -c "import transformers, peft" 2>/dev/null; then

@@ -17,6 +17,7 @@
 #include <QThreadPool>
 
 #include "core/base/file_io.h"
+#include "core/engine/build_info.h"
 #include "core/engine/run_queries.h"
 #include "core/engine/run_session.h"
 #include "ui/data_page.h"
@@ -146,9 +147,11 @@ void MainWindow::buildMenus() {
   auto* help = menuBar()->addMenu(tr("&Help"));
   help->addAction(tr("&About lorapipe"), this, [this] {
     QMessageBox::about(this, tr("About lorapipe"),
-                       tr("<h3>lorapipe 0.1.0</h3><p>LoRA fine-tuning of LLMs, pipelined across consumer GPUs with weights streamed "
-                          "from host RAM.</p><p>Licensed under the GNU General Public License, version 3 or later "
-                          "(it uses Qt Charts, GPL-3).</p>"));
+                       tr("<h3>lorapipe %1</h3><p>LoRA fine-tuning of LLMs, pipelined across consumer GPUs with weights streamed "
+                          "from host RAM.</p><pre>%2</pre><p>Licensed under the GNU General Public License, version 3 or later "
+                          "(it uses Qt Charts, GPL-3).</p>")
+                           .arg(QString::fromStdString(lorapipe_version()),
+                                QString::fromStdString(build_info_text(describe_build())).toHtmlEscaped()));
   });
 }
 

@@ -9,11 +9,10 @@
 #include <memory>
 
 #include <nlohmann/json.hpp>
-#include <sqlite3.h>
 #include <torch/cuda.h>
-#include <torch/version.h>
 
 #include "core/base/file_io.h"
+#include "core/engine/build_info.h"
 #include "core/runs/checkpoint.h"
 #include "core/runs/run_recorder.h"
 #include "core/runs/run_store.h"
@@ -49,10 +48,7 @@ std::string hardware_json() {
   return j.dump();
 }
 
-std::string versions_json() {
-  json j = {{"lorapipe", "0.1.0"}, {"libtorch", TORCH_VERSION}, {"sqlite", sqlite3_libversion()}, {"compiler", __VERSION__}};
-  return j.dump();
-}
+std::string versions_json() { return build_info_json(describe_build()); }
 
 fs::path checkpoint_root_of(const std::string& output_dir, int64_t run) {
   return fs::path(output_dir) / "checkpoints" / fmt::format("run-{}", run);

@@ -316,9 +316,20 @@ result<size_t> cuda_free_bytes(int gpu) {
   return free_b;
 }
 
+cuda_versions cuda_runtime_versions() {
+  cuda_versions v;
+  cuda::versions(&v.compiled, &v.runtime, &v.driver);
+  return v;
+}
+
 result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, size_t capacity,
                                                          std::shared_ptr<pinned_registry> pinned, const cpu_device_options& o) {
   if (auto f = cuda_free_bytes(gpu); !f) return f.err();
+  // The decoder has no convolutions and attention runs on the flash / memory-efficient kernels, so
+  // cuDNN is switched off: its ~850 MB of engine libraries are then never loaded, and the packages
+  // ship only the libcudnn.so.9 that libtorch_cuda links (packaging/install.cmake).
+  at::globalContext().setUserEnabledCuDNN(false);
+  at::globalContext().setSDPUseCuDNN(false);
   return std::unique_ptr<compute_device>(std::make_unique<cuda_device>(index, gpu, capacity, std::move(pinned), o));
 }
 

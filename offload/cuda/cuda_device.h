@@ -23,6 +23,8 @@ result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, siz
 std::shared_ptr<pinned_registry> make_cuda_pinned_registry(size_t budget_bytes);
 // Free memory of GPU `gpu` (cudaMemGetInfo); an error names a GPU that does not exist.
 result<size_t> cuda_free_bytes(int gpu);
+// cuda_version_info() of a CUDA build (device.h).
+cuda_versions cuda_runtime_versions();
 // Whether `to_gpu` can read/write `from_gpu`'s memory directly (enables it when possible; the same
 // GPU always can).
 bool cuda_peer_access(int from_gpu, int to_gpu);

@@ -14,6 +14,13 @@ void throw_cuda_error(cudaError_t e, const char* what, const char* file, int lin
   throw device_error(msg);
 }
 
+void versions(int* compiled, int* runtime, int* driver) {
+  *compiled = CUDART_VERSION;
+  if (cudaRuntimeGetVersion(runtime) != cudaSuccess) *runtime = 0;
+  if (cudaDriverGetVersion(driver) != cudaSuccess) *driver = 0;
+  (void)cudaGetLastError();
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

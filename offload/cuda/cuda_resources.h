@@ -11,6 +11,8 @@
 namespace lorapipe::cuda {
 
 int device_count();  // 0 when no driver/GPU (never throws)
+// CUDART_VERSION compiled against, the runtime loaded and the driver's CUDA version (0 = none).
+void versions(int* compiled, int* runtime, int* driver);
 
 class stream {
  public:
