@@ -117,9 +117,12 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
 
 // The plan: the schedule program for the project, checked and simulated with the engine's cost
 // model (core/engine/plan_report.h); printed here.
-int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid) {
+int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid, const std::string& devices,
+             const std::string& schedule) {
   auto p = load_project(path);
   if (!p) return cli_fail(p.message());
+  if (!devices.empty()) p->parallel.devices = devices;
+  if (!schedule.empty()) p->parallel.schedule = schedule;
   if (auto st = validate_project(*p); !st) return cli_fail(fmt::format("{} is not valid:\n{}", path, st.message()));
   auto rep = make_plan(*p, gflops);
   if (!rep) return cli_fail(rep.message());
@@ -131,7 +134,11 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
                         {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(prog)},
                         {"stage_weight_bytes", rep->stage_bytes},
                         {"head", {{"chunk_rows", rep->head_chunk_rows}, {"working_bytes", rep->head_working_bytes},
-                                  {"full_logits_bytes", rep->full_logits_bytes}}}};
+                                  {"full_logits_bytes", rep->full_logits_bytes}}},
+                        {"requested_schedule", rep->requested_schedule}, {"candidates", nlohmann::json::array()}};
+    for (const auto& c : rep->schedule_candidates)
+      j["candidates"].push_back({{"schedule", c.schedule}, {"micro_batches", c.micro_batches}, {"ok", c.ok}, {"note", c.note},
+                                 {"step_seconds", c.step_s}, {"bubble_ratio", c.bubble_ratio}, {"peak_bytes", c.peak_bytes}});
     for (const auto& a : rep->arenas)
       j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
     for (const auto& l : rep->links)
@@ -142,6 +149,13 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
   std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
   std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
+  if (!rep->schedule_candidates.empty()) {
+    std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
+    for (const auto& c : rep->schedule_candidates)
+      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB\n", c.schedule, c.micro_batches,
+                                       c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0)
+                         : fmt::format("  {:<12} x{:<3} not possible: {}\n", c.schedule, c.micro_batches, c.note));
+  }
   for (size_t d = 0; d < r.peak_bytes.size(); ++d)
     std::cout << fmt::format("  device {}: peak memory {:.1f} MiB (weight arena {:.1f} MiB, {} stage(s) at once), busy {:.3f} s\n", d,
                              r.peak_bytes[d] / 1048576.0, rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
@@ -179,7 +193,7 @@ int main(int argc, char** argv) {
   train->add_option("--steps", ta.steps, "Override run.steps");
   train->add_option("--output", ta.output, "Override run.output_dir");
   train->add_option("--devices", ta.devices, "Override parallel.devices (cpu)");
-  train->add_option("--schedule", ta.schedule, "Override parallel.schedule (single)");
+  train->add_option("--schedule", ta.schedule, "Override parallel.schedule (auto, single, gpipe, 1f1b, interleaved, round-robin)");
   train->add_option("--transport", ta.transport, "Override parallel.transport (auto, host, peer, nccl)");
   train->add_option("--threads", ta.threads, "Override run.threads");
   train->add_flag("--json", ta.json, "Print events as JSON lines on stderr");
@@ -273,6 +287,9 @@ int main(int argc, char** argv) {
   plan->add_option("--gflops", plan_gflops, "Assumed compute throughput per device (GFLOP/s)")->check(CLI::PositiveNumber);
   plan->add_flag("--json", plan_json, "Machine-readable output");
   plan->add_flag("--grid", plan_grid, "Print the device-by-time grid of the program");
+  std::string plan_devices, plan_schedule;
+  plan->add_option("--devices", plan_devices, "Override parallel.devices (as train does)");
+  plan->add_option("--schedule", plan_schedule, "Override parallel.schedule (auto, single, gpipe, 1f1b, interleaved, round-robin)");
 
   std::string data_path;
   int64_t data_examples = 3;
@@ -322,7 +339,7 @@ int main(int argc, char** argv) {
       std::cout << *report;
       return 0;
     }
-    if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid);
+    if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid, plan_devices, plan_schedule);
   } catch (const std::exception& e) {  // the engine returns errors as values; this is the last resort
     return cli_fail(e.what());
   }

@@ -204,7 +204,9 @@ TEST(Project, FieldTableCarriesTypesUnitsAndChoices) {
   EXPECT_EQ(by_path["data.packing"].type, "bool");
   EXPECT_EQ(by_path["lora.targets"].type, "list");
   EXPECT_EQ(by_path["offload.device_memory_mb"].unit, "MiB");
-  EXPECT_EQ(by_path["parallel.schedule"].choices, (std::vector<std::string>{"single", "gpipe", "1f1b", "interleaved", "round-robin"}));
+  EXPECT_EQ(by_path["parallel.schedule"].choices,
+            (std::vector<std::string>{"auto", "single", "gpipe", "1f1b", "interleaved", "round-robin"}));
+  EXPECT_EQ(by_path["parallel.schedule"].default_json, "\"auto\"");
   EXPECT_TRUE(by_path["model.path"].is_path);
   EXPECT_TRUE(by_path["run.output_dir"].is_folder);
   EXPECT_FALSE(by_path["name"].is_path);
@@ -217,7 +219,7 @@ TEST(Project, FieldTableCarriesTypesUnitsAndChoices) {
   EXPECT_NE(validate_project(bad).message().find("data.truncation: must be one of right, left, drop"), std::string::npos);
   const auto table = project_field_table();
   EXPECT_NE(table.find("| `data.seq_len` | `128` | tokens |"), std::string::npos);
-  EXPECT_NE(table.find("One of: single, gpipe, 1f1b, interleaved, round-robin."), std::string::npos);
+  EXPECT_NE(table.find("One of: auto, single, gpipe, 1f1b, interleaved, round-robin."), std::string::npos);
 }
 
 // Golden ids from ../shared/data/tokenizers/*/golden.tsv (SentencePiece, no BOS/EOS).

@@ -2,12 +2,16 @@
 // arena memory plan (double buffering, fixed slots against fragmentation, resident stages), and the
 // per-link transport choice.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <map>
+#include <set>
 #include <thread>
 
+#include "core/pipeline/cost_model.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
@@ -280,4 +284,116 @@ TEST(Transport, NcclNeedsSendsInTheOrderTheyAreReceived) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("cuda:0 -> cuda:1: send 1 is the activation at layer 2 of micro-batch 0"), std::string::npos) << r.message();
   EXPECT_TRUE(choose_transports(p, gpus, "host", nullptr, true).ok());  // the mailbox matches by key: order does not matter
+}
+
+namespace {
+lorapipe::llama_config synthetic_llama() {
+  auto mc = lorapipe::parse_llama_config(
+      nlohmann::json{{"model_type", "llama"}, {"hidden_size", 512}, {"intermediate_size", 1536}, {"num_hidden_layers", 8},
+                     {"num_attention_heads", 8}, {"num_key_value_heads", 8}, {"vocab_size", 32000},
+                     {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-5}},
+      "synthetic");
+  EXPECT_TRUE(mc.ok()) << mc.message();
+  return *mc;
+}
+}  // namespace
+
+// parallel.schedule "auto" (the default): on several devices every pipeline schedule with `devices`
+// and 2 x `devices` micro-batches is simulated with the cost model and the fastest that fits wins; a
+// device memory limit removes the candidates that do not fit; one device runs single.
+TEST(AutoSchedule, ChoosesTheFastestSimulatedPipelineThatFits) {
+  using namespace lorapipe;
+  const llama_config mc = synthetic_llama();
+  project_config cfg;
+  EXPECT_EQ(cfg.parallel.schedule, "auto");
+  cfg.parallel.devices = "cpu:2";
+  cfg.run.batch_size = 8;
+  cfg.data.seq_len = 256;
+  cfg.offload.copy_gbps = 4;
+  auto ch = choose_schedule(cfg, mc, 100);
+  ASSERT_TRUE(ch.ok()) << ch.message();
+  std::set<std::pair<std::string, int32_t>> weighed;
+  double best = std::numeric_limits<double>::infinity(), lo = best, hi = 0;
+  for (const auto& c : ch->candidates) {
+    weighed.insert({c.schedule, c.micro_batches});
+    EXPECT_TRUE(c.micro_batches == 2 || c.micro_batches == 4) << c.micro_batches;
+    if (!c.ok) continue;
+    best = std::min(best, c.step_s);
+    lo = std::min(lo, c.peak_bytes);
+    hi = std::max(hi, c.peak_bytes);
+  }
+  EXPECT_EQ(weighed.size(), 2 * schedule_names().size());
+  ASSERT_TRUE(ch->candidates.front().ok);
+  EXPECT_EQ(ch->candidates.front().step_s, best);
+  EXPECT_EQ(ch->schedule, ch->candidates.front().schedule);
+  EXPECT_EQ(ch->micro_batches, ch->candidates.front().micro_batches);
+  for (size_t i = 0; i + 1 < ch->candidates.size(); ++i)
+    if (ch->candidates[i].ok && ch->candidates[i + 1].ok) EXPECT_LE(ch->candidates[i].step_s, ch->candidates[i + 1].step_s) << i;
+  // The choice is what a run trains: resolve_auto_schedule writes it into the project.
+  auto resolved = resolve_auto_schedule(cfg, mc, 100);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(resolved->parallel.schedule, ch->schedule);
+  EXPECT_EQ(resolved->parallel.micro_batches, ch->micro_batches);
+
+  // A device memory limit between the smallest and the largest simulated peak: what is chosen fits,
+  // every candidate above the limit is refused with the field named.
+  ASSERT_GT(hi - lo, 4.0 * 1048576) << "the candidates' peaks should differ by megabytes";
+  project_config tight = cfg;
+  tight.offload.device_memory_mb = static_cast<int64_t>((lo + hi) / 2 / 1048576);
+  const double cap = static_cast<double>(tight.offload.device_memory_mb) * 1048576;
+  auto fit = choose_schedule(tight, mc, 100);
+  ASSERT_TRUE(fit.ok()) << fit.message();
+  EXPECT_LE(fit->candidates.front().peak_bytes, cap);
+  int refused = 0;
+  for (const auto& c : fit->candidates)
+    if (c.peak_bytes > cap) {
+      EXPECT_FALSE(c.ok) << c.schedule << " x" << c.micro_batches;
+      EXPECT_NE(c.note.find("offload.device_memory_mb"), std::string::npos) << c.note;
+      ++refused;
+    }
+  EXPECT_GT(refused, 0);
+  // Nothing fits: refused before anything runs, naming the field and every candidate's need.
+  tight.offload.device_memory_mb = 1;
+  auto none = choose_schedule(tight, mc, 100);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.message().find("parallel.schedule: auto found no pipeline for 2 devices that fits"), std::string::npos) << none.message();
+  EXPECT_NE(none.message().find("offload.device_memory_mb is 1"), std::string::npos) << none.message();
+  // A batch no micro-batch count divides.
+  project_config odd = cfg;
+  odd.run.batch_size = 3;
+  auto odd_choice = choose_schedule(odd, mc, 100);
+  ASSERT_FALSE(odd_choice.ok());
+  EXPECT_NE(odd_choice.message().find("run.batch_size 3"), std::string::npos) << odd_choice.message();
+  // One device: single, nothing to weigh; explicit schedules pass through unchanged.
+  project_config one = cfg;
+  one.parallel.devices = "cpu";
+  auto single = choose_schedule(one, mc, 100);
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->schedule, "single");
+  EXPECT_TRUE(single->candidates.empty());
+  project_config fixed = cfg;
+  fixed.parallel.schedule = "gpipe";
+  fixed.parallel.micro_batches = 8;
+  auto same = resolve_auto_schedule(fixed, mc, 100);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->parallel.schedule, "gpipe");
+  EXPECT_EQ(same->parallel.micro_batches, 8);
+}
+
+TEST(AutoSchedule, ValidationTreatsAutoAsAPipelineOnSeveralDevices) {
+  using namespace lorapipe;
+  project_config c;
+  c.model.path.clear();
+  c.data.train.clear();
+  c.parallel.devices = "cpu:2";
+  c.parallel.micro_batches = 3;  // auto chooses its own micro-batch count: not refused
+  auto st = validate_project(c);
+  EXPECT_EQ(st.message().find("parallel.micro_batches"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("parallel.schedule"), std::string::npos) << st.message();
+  c.run.grad_accum = 2;  // a pipeline takes micro-batches instead
+  st = validate_project(c);
+  EXPECT_NE(st.message().find("run.grad_accum: must be 1 with a pipeline schedule"), std::string::npos) << st.message();
+  c.parallel.devices = "cpu";
+  st = validate_project(c);
+  EXPECT_EQ(st.message().find("run.grad_accum"), std::string::npos) << st.message();
 }

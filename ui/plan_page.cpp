@@ -100,6 +100,24 @@ namespace {
 
 QString mib(double bytes) { return QString::number(bytes / 1048576.0, 'f', 2); }
 
+// Schedule "auto": what the planner weighed, the choice against the runner-up.
+QString autoChoiceText(const plan_report& p) {
+  if (p.schedule_candidates.empty()) return {};
+  int feasible = 0;
+  for (const auto& c : p.schedule_candidates) feasible += c.ok ? 1 : 0;
+  QString text = QObject::tr("<br>Schedule <b>auto</b>: chosen among %1 candidates (%2 feasible)")
+                     .arg(p.schedule_candidates.size())
+                     .arg(feasible);
+  if (p.schedule_candidates.size() > 1 && p.schedule_candidates[1].ok && p.schedule_candidates[0].step_s > 0) {
+    const auto& r = p.schedule_candidates[1];
+    text += QObject::tr("; runner-up %1 with %2 micro-batches, %3% slower")
+                .arg(QString::fromStdString(r.schedule))
+                .arg(r.micro_batches)
+                .arg((r.step_s / p.schedule_candidates[0].step_s - 1) * 100, 0, 'f', 1);
+  }
+  return text;
+}
+
 }  // namespace
 
 void PlanPage::replan() {
@@ -142,7 +160,8 @@ void PlanPage::replan() {
                          "(full logits, softmax and gradient would take %3 MiB per micro-batch)")
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
-                          .arg(mib(static_cast<double>(p.full_logits_bytes))));
+                          .arg(mib(static_cast<double>(p.full_logits_bytes))) +
+                      autoChoiceText(p));
     QStringList rows;
     for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
     std::vector<GanttBar> bars;

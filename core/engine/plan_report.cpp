@@ -9,21 +9,37 @@
 namespace lorapipe {
 namespace fs = std::filesystem;
 
-namespace {
-result<llama_config> model_config(const project_config& cfg) {
-  const fs::path model = cfg.resolve(cfg.model.path);
-  if (fs::is_directory(model)) return load_llama_config(model / "config.json");
-  LP_TRY_ASSIGN(w, load_llama(model, {at::kFloat}));  // llama2.c: the header is inside the checkpoint
-  return w.cfg;
-}
-}  // namespace
-
-result<plan_report> make_plan(const project_config& cfg, double gflops) {
+result<llama_config> project_model_config(const project_config& cfg) {
   try {
-    LP_TRY(validate_project(cfg));
-    LP_TRY_ASSIGN(mc, model_config(cfg));
-    const bool pipelined = cfg.parallel.schedule != "single";
+    const fs::path model = cfg.resolve(cfg.model.path);
+    if (fs::is_directory(model)) return load_llama_config(model / "config.json");
+    LP_TRY_ASSIGN(w, load_llama(model, {at::kFloat}));  // llama2.c: the header is inside the checkpoint
+    return w.cfg;
+  } catch (const std::exception& e) {
+    return make_error("{}", e.what());
+  }
+}
+
+result<project_config> resolve_project_schedule(const project_config& cfg) {
+  if (cfg.parallel.schedule != "auto") return cfg;
+  LP_TRY_ASSIGN(mc, project_model_config(cfg));
+  return resolve_auto_schedule(cfg, mc, auto_schedule_gflops);
+}
+
+result<plan_report> make_plan(const project_config& cfg_in, double gflops) {
+  try {
+    LP_TRY(validate_project(cfg_in));
+    LP_TRY_ASSIGN(mc, project_model_config(cfg_in));
     plan_report r;
+    r.requested_schedule = cfg_in.parallel.schedule;
+    project_config cfg = cfg_in;
+    if (cfg.parallel.schedule == "auto") {
+      LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, gflops));
+      cfg.parallel.schedule = choice.schedule;
+      if (choice.schedule != "single") cfg.parallel.micro_batches = choice.micro_batches;
+      r.schedule_candidates = std::move(choice.candidates);
+    }
+    const bool pipelined = cfg.parallel.schedule != "single";
     r.gflops = gflops;
     LP_TRY_ASSIGN(prog, make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers),
                                       schedule_options_of(cfg)));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/base/result.h"
+#include "core/pipeline/cost_model.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
@@ -15,6 +16,10 @@
 namespace lorapipe {
 
 struct plan_report {
+  // parallel.schedule as the project asked for it; when "auto", `schedule_candidates` holds what the
+  // planner weighed (feasible ones fastest first) and prog is its choice.
+  std::string requested_schedule;
+  std::vector<schedule_candidate> schedule_candidates;
   program prog;
   sim_result sim;
   int64_t tokens_per_micro_batch = 0;
@@ -32,5 +37,11 @@ struct plan_report {
 };
 
 result<plan_report> make_plan(const project_config& cfg, double gflops);
+
+// The model's config.json (or a llama2.c checkpoint's header) a project names.
+result<llama_config> project_model_config(const project_config& cfg);
+// The project with parallel.schedule "auto" resolved (choose_schedule at auto_schedule_gflops);
+// unchanged for any other schedule. What a run records and trains.
+result<project_config> resolve_project_schedule(const project_config& cfg);
 
 }  // namespace lorapipe

@@ -13,6 +13,7 @@
 
 #include "core/base/file_io.h"
 #include "core/engine/build_info.h"
+#include "core/engine/plan_report.h"
 #include "core/runs/checkpoint.h"
 #include "core/runs/run_recorder.h"
 #include "core/runs/run_store.h"
@@ -112,8 +113,10 @@ result<run_handle> begin_run(const project_config& cfg, const std::string& proje
   return guarded([&]() -> result<run_handle> {
     if (auto st = validate_project(cfg); !st) return make_error("{} is not valid:\n{}", project_path, st.message());
     LP_TRY(check_output_dir(cfg));  // refused before a run is recorded
+    // The run records (and a resume repeats) the pipeline the planner chose, not "auto".
+    LP_TRY_ASSIGN(resolved, resolve_project_schedule(cfg));
     run_handle h;
-    h.config = with_absolute_paths(cfg);
+    h.config = with_absolute_paths(resolved);
     h.database = database;
     run_store store(database);
     new_run nr{cfg.name, fs::absolute(project_path).lexically_normal().string(), project_to_json(h.config), config_hash(h.config),

@@ -1,12 +1,17 @@
 // The pipeline cost model: see cost_model.h.
 #include "core/pipeline/cost_model.h"
 
+#include <algorithm>
+#include <tuple>
+
+#include <fmt/format.h>
+
 #include "offload/memory_arena.h"
 
 namespace lorapipe {
 
 schedule_options schedule_options_of(const project_config& cfg) {
-  const bool pipelined = cfg.parallel.schedule != "single";
+  const bool pipelined = cfg.parallel.schedule != "single" && cfg.parallel.schedule != "auto";
   schedule_options so;
   so.devices = pipelined ? static_cast<int32_t>(device_count(cfg.parallel.devices)) : 1;
   so.micro_batches = pipelined ? static_cast<int32_t>(cfg.parallel.micro_batches) : 1;
@@ -71,6 +76,78 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
   c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
   c.steady_state = true;
   return c;
+}
+
+namespace {
+
+schedule_candidate weigh(const project_config& cfg, const llama_config& mc, double gflops) {
+  schedule_candidate c{cfg.parallel.schedule, static_cast<int32_t>(cfg.parallel.micro_batches)};
+  auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(mc.num_layers), schedule_options_of(cfg));
+  if (!prog) {
+    c.note = prog.message();
+    return c;
+  }
+  const sim_result sim = simulate(*prog, estimate_costs(*prog, mc, cfg, gflops));
+  if (!sim.ok) {
+    c.note = sim.error;
+    return c;
+  }
+  c.step_s = sim.makespan_s;
+  c.bubble_ratio = sim.bubble_ratio;
+  for (double b : sim.peak_bytes) c.peak_bytes = std::max(c.peak_bytes, b);
+  const double cap = static_cast<double>(cfg.offload.device_memory_mb) * 1024 * 1024;
+  if (cap > 0 && c.peak_bytes > cap) {
+    c.note = fmt::format("needs {:.1f} MiB on a device, offload.device_memory_mb is {}", c.peak_bytes / 1048576.0,
+                         cfg.offload.device_memory_mb);
+    return c;
+  }
+  c.ok = true;
+  return c;
+}
+
+}  // namespace
+
+result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, double gflops) {
+  schedule_choice out;
+  const int64_t n_dev = device_count(cfg.parallel.devices);
+  if (n_dev <= 1) {
+    out.schedule = "single";
+    return out;
+  }
+  const auto& names = schedule_names();
+  for (const auto& name : names)
+    for (int64_t m : {n_dev, 2 * n_dev}) {
+      if (cfg.run.batch_size % m != 0) continue;
+      project_config c = cfg;
+      c.parallel.schedule = name;
+      c.parallel.micro_batches = m;
+      out.candidates.push_back(weigh(c, mc, gflops));
+    }
+  const auto rank = [&](const schedule_candidate& c) {
+    const auto order = std::find(names.begin(), names.end(), c.schedule) - names.begin();
+    return std::make_tuple(!c.ok, c.ok ? c.step_s : 0.0, c.micro_batches, order);
+  };
+  std::stable_sort(out.candidates.begin(), out.candidates.end(),
+                   [&](const schedule_candidate& a, const schedule_candidate& b) { return rank(a) < rank(b); });
+  if (out.candidates.empty() || !out.candidates.front().ok) {
+    std::string why;
+    for (const auto& c : out.candidates) why += fmt::format("\n  {} with {} micro-batches: {}", c.schedule, c.micro_batches, c.note);
+    if (out.candidates.empty())
+      why = fmt::format(" (run.batch_size {} is divisible by neither {} nor {} micro-batches)", cfg.run.batch_size, n_dev, 2 * n_dev);
+    return make_error("parallel.schedule: auto found no pipeline for {} devices that fits{}", n_dev, why);
+  }
+  out.schedule = out.candidates.front().schedule;
+  out.micro_batches = out.candidates.front().micro_batches;
+  return out;
+}
+
+result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, double gflops) {
+  if (cfg.parallel.schedule != "auto") return cfg;
+  LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, gflops));
+  project_config out = cfg;
+  out.parallel.schedule = choice.schedule;
+  if (choice.schedule != "single") out.parallel.micro_batches = choice.micro_batches;
+  return out;
 }
 
 }  // namespace lorapipe

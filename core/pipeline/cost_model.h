@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "core/base/result.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/project/llama_config.h"
@@ -37,5 +39,31 @@ double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, size_t ele
 // twice the forward), exact stage weight bytes, boundary activation bytes, stash bytes, copy
 // bandwidth from offload.copy_gbps; steady state (cross-iteration prefetches already resident).
 sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, double gflops);
+
+// parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
+// every pipeline schedule (schedule_names()) with each micro-batch count in {devices, 2 x devices}
+// that divides run.batch_size, generated, checked and simulated with estimate_costs at `gflops`; a
+// candidate whose simulated peak exceeds offload.device_memory_mb (when set) does not fit. The
+// fastest predicted step wins; ties go to fewer micro-batches (each costs a per-launch overhead the
+// FLOP model does not see), then to the order of schedule_names().
+struct schedule_candidate {
+  std::string schedule;
+  int32_t micro_batches = 0;
+  bool ok = false;                  // generated, valid and fits
+  std::string note;                 // why not, when !ok
+  double step_s = 0, bubble_ratio = 0;
+  double peak_bytes = 0;            // the largest simulated device peak
+};
+struct schedule_choice {
+  std::string schedule;             // "single" on one device
+  int32_t micro_batches = 1;
+  std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others
+};
+result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, double gflops);
+// The project with "auto" replaced by choose_schedule's choice (unchanged for any other schedule).
+result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, double gflops);
+// The throughput the automatic choice assumes (per device; the ranking depends on the ratio of
+// compute to copy time, which offload.copy_gbps sets).
+inline constexpr double auto_schedule_gflops = 100;
 
 }  // namespace lorapipe

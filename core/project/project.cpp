@@ -210,13 +210,15 @@ status validate_project(const project_config& c) {
   need(c.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be non-negative");
   const int64_t n_dev = device_count(c.parallel.devices);
   need(n_dev >= 1 && n_dev <= 64, "parallel.devices", "must be cpu, cpu:N (N in 1..64) or cuda:I,J,...");
-  const bool pipelined = c.parallel.schedule != "single";
-  need(c.parallel.schedule == "single" || c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" ||
+  // "auto" is a pipeline on several devices (the planner picks which), single on one.
+  const bool is_auto = c.parallel.schedule == "auto";
+  const bool pipelined = is_auto ? n_dev > 1 : c.parallel.schedule != "single";
+  need(is_auto || c.parallel.schedule == "single" || c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" ||
            c.parallel.schedule == "interleaved" || c.parallel.schedule == "round-robin",
-       "parallel.schedule", "must be single, gpipe, 1f1b, interleaved or round-robin");
-  need(pipelined || n_dev <= 1, "parallel.schedule", "single runs on one device; pick a pipeline schedule for several");
+       "parallel.schedule", "must be auto, single, gpipe, 1f1b, interleaved or round-robin");
+  need(pipelined || n_dev <= 1, "parallel.schedule", "single runs on one device; pick a pipeline schedule (or auto) for several");
   need(c.parallel.micro_batches >= 1, "parallel.micro_batches", "must be at least 1");
-  need(!pipelined || (c.parallel.micro_batches >= 1 && c.run.batch_size % c.parallel.micro_batches == 0), "parallel.micro_batches",
+  need(!pipelined || is_auto || (c.parallel.micro_batches >= 1 && c.run.batch_size % c.parallel.micro_batches == 0), "parallel.micro_batches",
        fmt::format("must divide run.batch_size ({})", c.run.batch_size));
   need(!pipelined || c.run.grad_accum == 1, "run.grad_accum", "must be 1 with a pipeline schedule (use parallel.micro_batches)");
   need(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be at least 1");
@@ -310,7 +312,7 @@ const std::vector<std::string>& field_choices(std::string_view path) {
       {"data.train_on", {"completion", "all"}},
       {"data.truncation", {"right", "left", "drop"}},
       {"data.on_error", {"stop", "skip"}},
-      {"parallel.schedule", {"single", "gpipe", "1f1b", "interleaved", "round-robin"}},
+      {"parallel.schedule", {"auto", "single", "gpipe", "1f1b", "interleaved", "round-robin"}},
       {"parallel.transport", {"auto", "host", "peer", "nccl"}},
       {"offload.recompute_granularity", {"stage", "layer"}}};
   static const std::vector<std::string> none;

@@ -61,7 +61,7 @@ struct project_config {
   } optimizer;
   struct {
     std::string devices = "cpu";
-    std::string schedule = "single";
+    std::string schedule = "auto";
     int64_t micro_batches = 4;
     int64_t virtual_stages = 2;
     int64_t threads_per_device = 1;
@@ -134,8 +134,8 @@ void visit_fields(C& c, F&& f) {
   f("optimizer.grad_clip", c.optimizer.grad_clip, "Clip the global gradient norm to this value (0 = off).");
   f("optimizer.asynchronous", c.optimizer.asynchronous, "Pipelines: one-step-stale asynchronous AdamW (opt-in; changes the optimisation).");
   f("parallel.devices", c.parallel.devices, "Devices: cpu (one), cpu:N (N CPU virtual devices) or cuda:I,J,... (GPUs; CUDA builds).");
-  f("parallel.schedule", c.parallel.schedule, "single (no pipeline), gpipe, 1f1b, interleaved or round-robin.");
-  f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size).");
+  f("parallel.schedule", c.parallel.schedule, "auto (the planner: single on one device, else the pipeline schedule and micro-batch count with the fastest predicted step), single (no pipeline), gpipe, 1f1b, interleaved or round-robin.");
+  f("parallel.micro_batches", c.parallel.micro_batches, "Micro-batches per step in a pipeline (must divide run.batch_size; schedule auto chooses it).");
   f("parallel.virtual_stages", c.parallel.virtual_stages, "Interleaved 1F1B: stages per device.");
   f("parallel.threads_per_device", c.parallel.threads_per_device, "Compute threads of each CPU virtual device.");
   f("parallel.transport", c.parallel.transport,

@@ -15,6 +15,7 @@
 #include "core/data/dataset.h"
 #include "core/model/lora.h"
 #include "core/model/optimizer.h"
+#include "core/pipeline/cost_model.h"
 #include "core/train/evaluate.h"
 #include "core/train/pipeline_setup.h"
 #include "core/train/train_state.h"
@@ -53,6 +54,8 @@ class trainer {
     if (!loaded && is_cancelled(loaded.err())) return stopped_before_training();
     if (!loaded) return loaded.err();
     in_ = std::make_unique<project_inputs>(std::move(*loaded));
+    LP_TRY_ASSIGN(resolved, resolve_auto_schedule(cfg_, in_->weights.cfg, auto_schedule_gflops));
+    cfg_ = std::move(resolved);
     LP_TRY(setup_lora());
     plan_steps();
     announce(threads.threads());
@@ -389,7 +392,7 @@ class trainer {
     return sum_;
   }
 
-  const project_config& cfg_;
+  project_config cfg_;  // parallel.schedule "auto" resolved once the model is loaded
   observer& obs_;
   const train_options& opts_;
   const cancel_token* cancel_;
@@ -427,6 +430,8 @@ result<eval_summary> evaluate_project(const project_config& cfg_in, const fs::pa
     LP_TRY(validate_project(cfg));
     thread_count_scope threads(cfg.run.threads);
     LP_TRY_ASSIGN(in, load_project_inputs(cfg, obs, cancel));
+    LP_TRY_ASSIGN(resolved, resolve_auto_schedule(cfg, in.weights.cfg, auto_schedule_gflops));
+    cfg = std::move(resolved);
     lora_adapters lora;
     if (!adapter_dir.empty()) {
       LP_TRY_ASSIGN(l, load_peft_adapter(adapter_dir, in.weights));

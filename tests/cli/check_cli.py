@@ -284,6 +284,24 @@ def main():
                          "--devices", "cpu:2", "--schedule", "round-robin", "--threads", "2")
         check("train --devices cpu:2 --schedule round-robin", rc == 0 and "pipeline: round-robin on cpu:2" in err
               and "transports: cpu:0 -> cpu:1 host-staged" in err and "memory plan: weight arenas cpu:0" in err, err[-600:])
+        # parallel.schedule auto (the default): plan lists what the planner weighed, --devices alone trains,
+        # and the run records the concrete schedule it chose.
+        rc, plan_out, err = run(cli, "plan", os.path.join(t, "p.json"), "--devices", "cpu:2", "--json")
+        plan = json.loads(plan_out) if rc == 0 else {}
+        cands = plan.get("candidates", [])
+        feasible = [c for c in cands if c["ok"]]
+        check("plan --devices cpu:2: schedule auto weighs every schedule and takes the fastest",
+              rc == 0 and plan["requested_schedule"] == "auto" and len(cands) >= 4 and feasible and cands[0]["ok"]
+              and cands[0]["step_seconds"] == min(c["step_seconds"] for c in feasible)
+              and plan["schedule"] == cands[0]["schedule"] and plan["micro_batches"] == cands[0]["micro_batches"]
+              and {c["schedule"] for c in cands} == {"gpipe", "1f1b", "interleaved", "round-robin"}, plan_out[-800:] + err)
+        rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "2", "--output", os.path.join(t, "run_auto"),
+                         "--devices", "cpu:2", "--threads", "2")
+        rec = json.load(open(os.path.join(t, "run_auto", "project.json"))) if rc == 0 else {}
+        chosen = rec.get("parallel", {}).get("schedule")
+        check("train --devices cpu:2 with schedule auto trains the planner's choice",
+              rc == 0 and chosen == cands[0]["schedule"] and rec["parallel"]["micro_batches"] == cands[0]["micro_batches"]
+              and f"pipeline: {chosen} on cpu:2" in err, err[-600:])
         rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "2", "--output", os.path.join(t, "run3"),
                          "--devices", "cpu:2", "--schedule", "1f1b", "--transport", "peer", "--threads", "2")
         check("train --transport peer (logged per link)", rc == 0 and "cpu:0 -> cpu:1 peer" in err and "cpu:1 -> cpu:0 peer" in err, err[-600:])
