@@ -143,6 +143,22 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
       j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
     for (const auto& l : rep->links)
       j["transports"].push_back({{"from", l.from}, {"to", l.to}, {"kind", transport_name(l.kind)}, {"reason", l.reason}});
+    j["peak_bytes"] = nlohmann::json::array();  // the memory plan's bound per device (what the executor checks)
+    auto& mem = j["memory"];
+    mem = {{"devices", nlohmann::json::array()}, {"buffers", nlohmann::json::array()}, {"host_bytes", rep->memory.host_bytes},
+           {"refusal", rep->memory_refusal}};
+    for (size_t d = 0; d < rep->memory.devices.size(); ++d) {
+      const auto& dp = rep->memory.devices[d];
+      j["peak_bytes"].push_back(dp.peak_bytes);
+      nlohmann::json held = nlohmann::json::object();
+      for (const auto& [name, bytes] : dp.held) held[name] = bytes;
+      mem["devices"].push_back({{"device", d < rep->devices.size() ? rep->devices[d].name : std::to_string(d)},
+                                {"peak_bytes", dp.peak_bytes}, {"expected_peak_bytes", dp.expected_peak_bytes},
+                                {"peak_at_seconds", dp.at_s}, {"held_at_peak", held}});
+    }
+    for (const auto& b : rep->memory.buffers)
+      mem["buffers"].push_back({{"name", b.name}, {"home", b.home < 0 ? std::string("host") : rep->devices.at(static_cast<size_t>(b.home)).name},
+                                {"bytes", b.bytes}, {"count", b.count}, {"lifetime", b.lifetime}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -156,9 +172,14 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
                                        c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0)
                          : fmt::format("  {:<12} x{:<3} not possible: {}\n", c.schedule, c.micro_batches, c.note));
   }
-  for (size_t d = 0; d < r.peak_bytes.size(); ++d)
-    std::cout << fmt::format("  device {}: peak memory {:.1f} MiB (weight arena {:.1f} MiB, {} stage(s) at once), busy {:.3f} s\n", d,
-                             r.peak_bytes[d] / 1048576.0, rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
+  std::vector<std::string> names;
+  for (const auto& f : rep->devices) names.push_back(f.name);
+  std::cout << "memory plan (peak: the bound checked before anything is allocated; expected: with copies on time):\n"
+            << memory_plan_text(rep->memory, names);
+  for (size_t d = 0; d < r.busy_s.size(); ++d)
+    std::cout << fmt::format("  device {}: weight arena {:.1f} MiB ({} stage(s) at once), busy {:.3f} s\n", d,
+                             rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
+  if (!rep->memory_refusal.empty()) std::cout << "does not fit: " << rep->memory_refusal << "\n";
   std::cout << fmt::format("  LM head: loss on labelled positions only, {} rows per chunk, working set {:.1f} MiB "
                            "(full logits, softmax and gradient would take {:.1f} MiB per micro-batch)\n",
                            rep->head_chunk_rows, rep->head_working_bytes / 1048576.0, rep->full_logits_bytes / 1048576.0);

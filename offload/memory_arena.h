@@ -23,6 +23,7 @@ class memory_arena {
   result<size_t> allocate(size_t bytes);
   void release(size_t offset);
   size_t capacity() const { return capacity_; }
+  size_t alignment() const { return alignment_; }
   size_t used() const;
   size_t peak() const;
   void reset_peak();

@@ -101,6 +101,23 @@ namespace {
 QString mib(double bytes) { return QString::number(bytes / 1048576.0, 'f', 2); }
 
 // Schedule "auto": what the planner weighed, the choice against the runner-up.
+// The memory plan in one line: the largest device peak and the host, or why it does not fit.
+QString memoryText(const plan_report& p) {
+  double peak = 0, expected = 0;
+  for (const auto& d : p.memory.devices) {
+    peak = std::max(peak, d.peak_bytes);
+    expected = std::max(expected, d.expected_peak_bytes);
+  }
+  QString text = QObject::tr("<br>Memory plan: largest device peak <b>%1 MiB</b> (expected %2 MiB; checked before anything is "
+                             "allocated), host %3 MiB")
+                     .arg(peak / 1048576.0, 0, 'f', 1)
+                     .arg(expected / 1048576.0, 0, 'f', 1)
+                     .arg(p.memory.host_bytes / 1048576.0, 0, 'f', 1);
+  if (!p.memory_refusal.empty())
+    text += QObject::tr("<br><span style='color:#b00020'><b>Does not fit:</b> %1</span>").arg(QString::fromStdString(p.memory_refusal).toHtmlEscaped());
+  return text;
+}
+
 QString autoChoiceText(const plan_report& p) {
   if (p.schedule_candidates.empty()) return {};
   int feasible = 0;
@@ -161,7 +178,7 @@ void PlanPage::replan() {
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
                           .arg(mib(static_cast<double>(p.full_logits_bytes))) +
-                      autoChoiceText(p));
+                      autoChoiceText(p) + memoryText(p));
     QStringList rows;
     for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
     std::vector<GanttBar> bars;
@@ -170,27 +187,38 @@ void PlanPage::replan() {
       bars.push_back({iv.device, iv.start_s, iv.end_s, text, barKindOf(text)});
     }
     gantt_->setTimeline(tr("Simulated step (compute per device; copies overlap it)"), rows, std::move(bars), sim.makespan_s);
-    BarChart::BarSet weights{tr("frozen weights (arena)"), {}}, acts{tr("activations and autograd graphs"), {}};
+    // The memory plan at each device's peak, by buffer (what the executor checks before it allocates).
+    const std::vector<std::pair<QString, QStringList>> groups{
+        {tr("frozen weights (arena)"), {"weight arena"}},
+        {tr("LoRA weights, RoPE tables"), {"LoRA weights", "RoPE tables"}},
+        {tr("activations, gradients, inputs"), {"activations", "inputs"}},
+        {tr("checkpoints"), {"checkpoints"}},
+        {tr("autograd graphs"), {"graphs"}},
+        {tr("head working set"), {"head"}}};
+    std::vector<BarChart::BarSet> sets;
+    for (const auto& g : groups) sets.push_back({g.first, {}});
     QStringList cats;
-    for (size_t d = 0; d < sim.peak_bytes.size(); ++d) {
+    for (size_t d = 0; d < p.memory.devices.size(); ++d) {
       cats << (d < p.devices.size() ? QString::fromStdString(p.devices[d].name) : QString::number(d));
-      const double arena = d < p.arenas.size() ? static_cast<double>(p.arenas[d].bytes) : 0.0;
-      weights.values.push_back(arena / 1048576.0);
-      acts.values.push_back(std::max(0.0, sim.peak_bytes[d] - arena) / 1048576.0);
+      for (size_t k = 0; k < groups.size(); ++k) {
+        double bytes = 0;
+        for (const auto& [name, b] : p.memory.devices[d].held)
+          if (groups[k].second.contains(QString::fromStdString(name))) bytes += b;
+        sets[k].values.push_back(bytes / 1048576.0);
+      }
     }
     const double cap = cfg_.offload.device_memory_mb > 0 ? cfg_.offload.device_memory_mb : -1;
-    memory_->setBars(cats, {weights, acts}, true, tr("device"), tr("MiB"), cap, tr("capacity (offload.device_memory_mb)"));
+    memory_->setBars(cats, sets, true, tr("device"), tr("MiB"), cap, tr("capacity (offload.device_memory_mb)"));
     memory_->chart()->setTitle(cap > 0 ? tr("Memory per device at its peak") : tr("Memory per device at its peak (capacity not limited: offload.device_memory_mb = 0)"));
     std::vector<QStringList> link_rows;
     for (const auto& l : p.links)
       link_rows.push_back({QString::fromStdString(p.devices[l.from].name) + " → " + QString::fromStdString(p.devices[l.to].name),
                            QString::fromStdString(transport_name(l.kind)), QString::fromStdString(l.reason)});
     links_->setTable({tr("Link"), tr("Transport"), tr("Why")}, std::move(link_rows));
-    memory_->setToolTip(tr("Peak per device: %1 MiB").arg([&] {
-      QStringList s;
-      for (double b : sim.peak_bytes) s << mib(b);
-      return s.join(", ");
-    }()));
+    std::vector<std::string> names;
+    for (const auto& f : p.devices) names.push_back(f.name);
+    memory_->setToolTip(QString::fromStdString(memory_plan_text(p.memory, names) +
+                                               (p.memory_refusal.empty() ? std::string() : "\ndoes not fit: " + p.memory_refusal)));
     emit planReady();
   });
 }

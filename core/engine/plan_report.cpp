@@ -53,14 +53,29 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops) {
     r.head_chunk_rows = head_chunk_rows(mc);
     r.head_working_bytes = head_working_bytes(mc, r.tokens_per_micro_batch);
     r.full_logits_bytes = 3 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // the same three f32 tensors, for every position
+    r.memory = make_memory_plan(r.prog, costs, r.sim,
+                                memory_inputs_of(r.prog, mc, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
     LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available()));
     r.links = std::move(links);
+    if (cfg.offload.device_memory_mb > 0) {
+      std::vector<std::string> names;
+      for (const auto& f : r.devices) names.push_back(f.name);
+      const std::vector<size_t> cap(names.size(), static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0));
+      if (auto st = check_memory_plan(r.memory, cap, names); !st) r.memory_refusal = "offload.device_memory_mb: " + st.message();
+    }
     return r;
   } catch (const std::exception& e) {
     return make_error("{}", e.what());
   }
+}
+
+status check_project_memory(const project_config& cfg) {
+  if (cfg.offload.device_memory_mb <= 0 || cfg.parallel.schedule == "single") return ok_status();  // the limit is for pipeline devices
+  LP_TRY_ASSIGN(rep, make_plan(cfg, auto_schedule_gflops));
+  if (!rep.memory_refusal.empty()) return make_error("{}", rep.memory_refusal);
+  return ok_status();
 }
 
 }  // namespace lorapipe

@@ -34,9 +34,19 @@ struct plan_report {
   int64_t head_chunk_rows = 0;
   int64_t head_working_bytes = 0;
   int64_t full_logits_bytes = 0;
+  // Every buffer with its home and lifetime, each device's peak (the bound the executor checks
+  // before allocating, and the expected arena peak) and what it holds then, the host's total.
+  memory_plan memory;
+  // With offload.device_memory_mb set: why the plan does not fit it (naming the device, the
+  // shortfall and the buffer), empty when it fits.
+  std::string memory_refusal;
 };
 
 result<plan_report> make_plan(const project_config& cfg, double gflops);
+
+// Before a run is recorded: a project whose memory plan exceeds offload.device_memory_mb is
+// refused with check_memory_plan's message (a no-op without a limit). `cfg`'s schedule resolved.
+status check_project_memory(const project_config& cfg);
 
 // The model's config.json (or a llama2.c checkpoint's header) a project names.
 result<llama_config> project_model_config(const project_config& cfg);

@@ -115,6 +115,7 @@ result<run_handle> begin_run(const project_config& cfg, const std::string& proje
     LP_TRY(check_output_dir(cfg));  // refused before a run is recorded
     // The run records (and a resume repeats) the pipeline the planner chose, not "auto".
     LP_TRY_ASSIGN(resolved, resolve_project_schedule(cfg));
+    LP_TRY(check_project_memory(resolved));  // a plan over offload.device_memory_mb: refused before it is recorded
     run_handle h;
     h.config = with_absolute_paths(resolved);
     h.database = database;

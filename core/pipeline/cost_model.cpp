@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/project/lora_target.h"
 #include "offload/memory_arena.h"
 
 namespace lorapipe {
@@ -53,13 +54,13 @@ double stash_bytes_per_layer(const llama_config& c, int64_t tokens, size_t elem_
   return static_cast<double>(tokens) * elem_bytes * (7.0 * c.hidden_size + 2 * q + 2 * kv + 3.0 * c.intermediate_size);
 }
 
-sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, double gflops) {
-  const size_t elem = compute_element_bytes(cfg);
-  const int64_t tokens = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches) * cfg.data.seq_len;
+sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int64_t seq_len, size_t elem, double gflops,
+                     double copy_bytes_per_s) {
+  const int64_t tokens = rows * seq_len;
   const double layer_params =
       static_cast<double>(mc.num_parameters() - mc.vocab_size * mc.hidden_size * (mc.tie_word_embeddings ? 1 : 2) - mc.hidden_size) /
       static_cast<double>(mc.num_layers);
-  const double attn_flops = 4.0 * cfg.data.seq_len * mc.num_heads * mc.head_dim * tokens;
+  const double attn_flops = 4.0 * seq_len * mc.num_heads * mc.head_dim * tokens;
   const double f_layer = (2.0 * layer_params * tokens + attn_flops) / (gflops * 1e9);
   sim_costs c;
   for (const auto& s : p.stages) {
@@ -73,9 +74,55 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
   c.act_bytes = static_cast<double>(tokens) * mc.hidden_size * elem;
   c.stash_bytes_per_layer = stash_bytes_per_layer(mc, tokens, elem);
   c.head_bytes = static_cast<double>(head_working_bytes(mc, tokens));
-  c.h2d_bytes_per_s = c.d2h_bytes_per_s = cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0;
+  c.token_bytes = static_cast<double>(tokens) * 8;   // i64 ids
+  c.input_bytes = 2 * c.token_bytes;                 // ids and labels
+  c.h2d_bytes_per_s = c.d2h_bytes_per_s = copy_bytes_per_s;
   c.steady_state = true;
   return c;
+}
+
+sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, double gflops) {
+  const int64_t rows = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches);
+  return flop_costs(p, mc, rows, cfg.data.seq_len, compute_element_bytes(cfg), gflops,
+                    cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0);
+}
+
+memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t elem, int64_t lora_r,
+                               const std::vector<std::string>& lora_targets) {
+  memory_inputs in;
+  const auto stage_bytes = stage_weight_bytes(p, c, elem);
+  in.arenas = plan_weight_arenas(p, stage_bytes, weight_alignment);
+  // LoRA: r x (in + out) per adapted projection of a layer.
+  size_t per_layer_params = 0;
+  const auto specs = layer_tensor_specs(c);
+  for (const auto& name : fit_lora_targets(c, lora_targets)) {
+    const auto t = lora_target_from_name(name);
+    if (!t) continue;
+    const std::string weight = std::string(lora_target_module(*t)) + ".weight";
+    for (const auto& spec : specs)
+      if (spec.name == weight && spec.shape.size() == 2)
+        per_layer_params += static_cast<size_t>(lora_r * (spec.shape[0] + spec.shape[1]));
+  }
+  in.lora_layer_bytes.assign(static_cast<size_t>(c.num_layers), per_layer_params * elem);
+  in.lora_master_bytes = per_layer_params * 4 * static_cast<size_t>(c.num_layers);
+  // RoPE: f32 cos and sin [min(P, 8192), head_dim] and inv_freq [head_dim/2]; a second table for
+  // sliding layers whose RoPE differs (Gemma 3), as make_rope_tables does.
+  const size_t P = static_cast<size_t>(std::min<int64_t>(c.max_position_embeddings, 8192)), hd = static_cast<size_t>(c.head_dim);
+  const size_t table = (2 * P * hd + hd / 2) * 4;
+  bool sliding = false;
+  for (int64_t l = 0; l < c.num_layers; ++l) sliding = sliding || c.is_sliding(l);
+  const bool local = sliding && (c.rope_local.type != c.rope.type || c.rope_local.theta != c.rope.theta || c.rope_local.factor != c.rope.factor);
+  in.rope_bytes = table * (local ? 2 : 1);
+  // The host keeps every frozen tensor once (a tied head shares the embedding).
+  stage_def all{0, static_cast<int32_t>(c.num_layers), true, true};
+  for (size_t b : stage_tensor_bytes(all, c, elem)) in.host_weight_bytes += b;
+  return in;
+}
+
+memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, double gflops) {
+  const sim_costs costs = estimate_costs(p, c, cfg, gflops);
+  const sim_result sim = simulate(p, costs);
+  return make_memory_plan(p, costs, sim, memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
 }
 
 namespace {
@@ -87,14 +134,16 @@ schedule_candidate weigh(const project_config& cfg, const llama_config& mc, doub
     c.note = prog.message();
     return c;
   }
-  const sim_result sim = simulate(*prog, estimate_costs(*prog, mc, cfg, gflops));
+  const sim_costs costs = estimate_costs(*prog, mc, cfg, gflops);
+  const sim_result sim = simulate(*prog, costs);
   if (!sim.ok) {
     c.note = sim.error;
     return c;
   }
   c.step_s = sim.makespan_s;
   c.bubble_ratio = sim.bubble_ratio;
-  for (double b : sim.peak_bytes) c.peak_bytes = std::max(c.peak_bytes, b);
+  const memory_plan mem = make_memory_plan(*prog, costs, sim, memory_inputs_of(*prog, mc, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
+  for (const auto& d : mem.devices) c.peak_bytes = std::max(c.peak_bytes, d.peak_bytes);
   const double cap = static_cast<double>(cfg.offload.device_memory_mb) * 1024 * 1024;
   if (cap > 0 && c.peak_bytes > cap) {
     c.note = fmt::format("needs {:.1f} MiB on a device, offload.device_memory_mb is {}", c.peak_bytes / 1048576.0,

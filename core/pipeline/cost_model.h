@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/base/result.h"
+#include "core/pipeline/memory_plan.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/project/llama_config.h"
@@ -35,6 +36,22 @@ std::vector<size_t> stage_weight_bytes(const program& p, const llama_config& c, 
 // the simulator and the executor's arena accounting).
 double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, size_t elem_bytes);
 
+// Simulator costs from FLOPs at `gflops` per device (backward twice the forward) for micro-batches
+// of `rows` sequences of `seq_len` tokens in `elem`-byte compute dtype: exact stage weight bytes,
+// boundary activation, stash, head working set and input bytes; copies at `copy_bytes_per_s`
+// (0 = instant); steady state. What the executor plans with when nobody gave it a plan.
+sim_costs flop_costs(const program& p, const llama_config& c, int64_t rows, int64_t seq_len, size_t elem, double gflops,
+                     double copy_bytes_per_s);
+
+// What the memory plan needs besides the program and its simulation, from the model's config:
+// the weight arenas, each layer's LoRA A and B in the compute dtype (r x (in + out) per adapted
+// projection), the RoPE tables (as the loader makes them), the host's frozen and LoRA bytes.
+// lora_targets: names as in lora.targets (fit_lora_targets applied here).
+memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t elem, int64_t lora_r,
+                               const std::vector<std::string>& lora_targets);
+// The project's memory plan for its program (estimate_costs at `gflops` for the timing).
+memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, double gflops);
+
 // Simulator costs for the project's program: compute from FLOPs at `gflops` per device (backward
 // twice the forward), exact stage weight bytes, boundary activation bytes, stash bytes, copy
 // bandwidth from offload.copy_gbps; steady state (cross-iteration prefetches already resident).
@@ -43,7 +60,7 @@ sim_costs estimate_costs(const program& p, const llama_config& c, const project_
 // parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
 // every pipeline schedule (schedule_names()) with each micro-batch count in {devices, 2 x devices}
 // that divides run.batch_size, generated, checked and simulated with estimate_costs at `gflops`; a
-// candidate whose simulated peak exceeds offload.device_memory_mb (when set) does not fit. The
+// candidate whose memory plan peaks above offload.device_memory_mb (when set) does not fit. The
 // fastest predicted step wins; ties go to fewer micro-batches (each costs a per-launch overhead the
 // FLOP model does not see), then to the order of schedule_names().
 struct schedule_candidate {
@@ -52,7 +69,7 @@ struct schedule_candidate {
   bool ok = false;                  // generated, valid and fits
   std::string note;                 // why not, when !ok
   double step_s = 0, bubble_ratio = 0;
-  double peak_bytes = 0;            // the largest simulated device peak
+  double peak_bytes = 0;            // the largest device peak of its memory plan (the bound)
 };
 struct schedule_choice {
   std::string schedule;             // "single" on one device

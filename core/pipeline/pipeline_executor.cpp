@@ -24,6 +24,38 @@ void pipeline_executor::flush() {
 }
 
 const std::vector<weight_arena_plan>& pipeline_executor::weight_plan() const { return d_->weight_plan; }
+const memory_plan* pipeline_executor::memory() const { return d_->po.memory ? d_->po.memory.get() : d_->mplan ? &*d_->mplan : nullptr; }
+
+status pipeline_executor::impl::check_memory(const std::vector<micro_batch>& mbs) {
+  if (mbs.empty() || mbs[0].tokens.dim() != 2) return ok_status();
+  const std::pair<int64_t, int64_t> shape{mbs[0].tokens.size(0), mbs[0].tokens.size(1)};
+  if (!po.memory && (!mplan || mplan_shape != shape)) {
+    sim_costs costs = flop_costs(prog, w.cfg, shape.first, shape.second, w.embed.element_size(), auto_schedule_gflops, 0);
+    costs.per_layer_recompute = po.layer_recompute;
+    if (!mbs[0].labels.defined()) costs.input_bytes = costs.token_bytes;
+    const sim_result sim = simulate(prog, costs);
+    if (!sim.ok) return ok_status();  // the program's own problems are reported by running it
+    memory_inputs in;
+    in.arenas = weight_plan;
+    in.alignment = 1;
+    for (auto* d : devs) in.alignment = std::max(in.alignment, d->arena().alignment());
+    for (const auto& layer : lora.layers) {
+      size_t b = 0;
+      for (const auto& pair : layer) b += (pair.a.defined() ? pair.a.numel() + pair.b.numel() : 0) * w.embed.element_size();
+      in.lora_layer_bytes.push_back(b);
+    }
+    for (const auto* t : {&w.rope.full, &w.rope.local}) in.rope_bytes += nbytes(t->cos) + nbytes(t->sin) + nbytes(t->inv_freq);
+    mplan = make_memory_plan(prog, costs, sim, in);
+    mplan_shape = shape;
+  }
+  std::vector<size_t> capacity;
+  std::vector<std::string> names;
+  for (auto* d : devs) {
+    capacity.push_back(d->arena().capacity());
+    names.push_back(d->name());
+  }
+  return check_memory_plan(po.memory ? *po.memory : *mplan, capacity, names);
+}
 
 std::vector<adamw*> pipeline_executor::optimizers() {
   auto& s = *d_;
@@ -98,6 +130,7 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     return make_error("pipeline: {} micro-batches given, the program expects {}", mbs.size(), prog_.micro_batches);
   if (s.devs.size() != prog_.devices.size())
     return make_error("pipeline: program for {} devices, {} given", prog_.devices.size(), s.devs.size());
+  LP_TRY(s.check_memory(mbs));
   // The weight arenas of the memory plan, reserved before anything else is allocated.
   for (size_t d = 0; d < s.devs.size(); ++d) {
     try {
@@ -131,6 +164,8 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   {
     std::lock_guard lock(s.mu);
     s.pc.assign(s.devs.size(), 0);
+    s.computes_started.assign(s.devs.size(), 0);
+    s.gated.assign(s.devs.size(), {});
     s.workers_left = static_cast<int32_t>(s.devs.size());
   }
   std::vector<std::thread> threads;
@@ -161,6 +196,10 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   r.seconds = std::chrono::duration<double>(clock_type::now() - s.t0).count();
   s.mailbox.clear();
   s.host.clear();
+  {
+    std::lock_guard lock(s.mu);
+    s.gated.assign(s.devs.size(), {});  // after a failure: messages whose receiver never got there
+  }
   if (s.failed) {
     for (auto* d : s.devs) d->weight_upload().submit(0, [] {}).wait();
     for (auto& m : s.on_device) m.clear();

@@ -20,6 +20,7 @@
 #include "core/base/result.h"
 #include "core/base/cancel.h"
 #include "core/pipeline/schedule.h"
+#include "core/pipeline/memory_plan.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
 #include "offload/device.h"
@@ -78,6 +79,9 @@ struct pipeline_options {
   // Called with the watchdog's message on the thread that called step(), when it fires (a step stuck
   // in a driver may not return for a while after).
   std::function<void(const std::string&)> on_watchdog;
+  // The memory plan to check before a step allocates anything (the project's, as `plan` shows it);
+  // null: the executor makes one from the micro-batches' shape with FLOP timing.
+  std::shared_ptr<const memory_plan> memory;
   // Test hook: called with "pipeline:instruction" before every instruction of every device.
   std::function<void(const char* site)> probe;
 };
@@ -99,6 +103,10 @@ class pipeline_executor {
   // Memory plan: the weight arena each device reserves (best-fit placement of the program's
   // PREFETCH/RELEASE sequence, made before anything is allocated).
   const std::vector<weight_arena_plan>& weight_plan() const;
+  // The whole memory plan the last step() was checked against (null before the first step): what
+  // each device holds at its peak, by buffer. A step whose plan exceeds a device's capacity is
+  // refused before anything is allocated, naming the device, the shortfall and the buffer.
+  const memory_plan* memory() const;
   // Async optimizer: waits for the pending step and installs its result in the LoRA weights (call
   // before saving or evaluating). No-op otherwise.
   void flush();

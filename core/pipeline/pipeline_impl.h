@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -16,6 +17,7 @@
 
 #include "core/base/errors.h"
 #include "core/pipeline/cost_model.h"
+#include "core/pipeline/memory_plan.h"
 #include "core/pipeline/pipeline_executor.h"
 #include "core/pipeline/schedule_sim.h"
 
@@ -131,16 +133,7 @@ struct pipeline_executor::impl {
           backwarded.insert(in.stage);
         }
       }
-    for (const auto& list : prog.devices)
-      for (const auto& in : list)
-        if (in.kind == op::forward)
-          for (int32_t x : recomputed) {
-            const auto& sx = prog.stages[x];
-            const int32_t b_end = po.layer_recompute ? sx.last_layer : sx.first_layer + 1;
-            for (int32_t b = sx.first_layer; b < b_end; ++b)
-              if (b >= prog.stages[in.stage].first_layer && b < std::max(prog.stages[in.stage].last_layer, prog.stages[in.stage].first_layer + 1))
-                checkpoints[in.stage].insert(b);
-          }
+    checkpoints = checkpoint_boundaries(prog, po.layer_recompute);
     for (const auto& list : prog.devices)
       for (const auto& in : list)
         if (in.kind == op::optimizer_step) {
@@ -163,6 +156,21 @@ struct pipeline_executor::impl {
     }
     weight_plan = plan_weight_arenas(prog, stage_bytes, weight_alignment);
     uses_nccl = cancel_between_steps_only();
+    for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d) {
+      int64_t computes = 0;
+      for (const auto& in : prog.devices[d]) {
+        if (timed_compute(in)) ++computes;
+        if (in.kind == op::recv_act || in.kind == op::recv_grad) {
+          const auto msg = message_of(prog, in);
+          recv_gate[{msg.kind, msg.boundary, in.micro, d}] = computes;
+        }
+      }
+    }
+  }
+
+  // Compute instructions the worker times (F, B, and R unless layer_recompute makes it a no-op).
+  bool timed_compute(const instr& in) const {
+    return in.kind == op::forward || in.kind == op::backward || (in.kind == op::recompute && !po.layer_recompute);
   }
 
   bool cancel_between_steps_only() const {  // any nccl link
@@ -219,6 +227,23 @@ struct pipeline_executor::impl {
   }
   // The step driver's wait for the workers, with the watchdog (pipeline_options::watchdog_s).
   void watch_workers();
+
+  // The memory plan for micro-batches shaped like `mbs` (made once per shape), checked against
+  // every device's capacity before the step allocates anything.
+  std::optional<memory_plan> mplan;
+  // Memory bounds the plan relies on (under mu). A host-staged message is uploaded into its
+  // receiver only once the receiver has started the compute before its RECV (recv_gate: how many
+  // computes that is); until then it waits in host staging (gated).
+  std::map<std::tuple<char, int32_t, int32_t, int32_t>, int64_t> recv_gate;  // (A|G, boundary, micro, dest)
+  std::vector<int64_t> computes_started;                                      // per device, this step
+  struct gated_upload {
+    int64_t after;
+    std::function<void()> submit;
+  };
+  std::vector<std::vector<gated_upload>> gated;  // per receiving device
+  void upload_when_open(int32_t dest, int64_t after, std::function<void()> submit);
+  std::pair<int64_t, int64_t> mplan_shape{-1, -1};
+  status check_memory(const std::vector<micro_batch>& mbs);
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
     cv.wait(lock, [&] { return failed || pred(); });
@@ -293,6 +318,10 @@ struct pipeline_executor::impl {
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
     std::map<std::pair<int32_t, int32_t>, graph_stash> stash;          // (stage, micro) -> graph
     int64_t tokens_per_micro = 0;
+    std::vector<block_ptr> held;  // arena charges of the step: LoRA and RoPE copies, micro-batch inputs
+    // Outgoing copies (SEND, OFFLOAD) issued since the last compute began: the next compute waits
+    // for them when it ends, so their sources are back by then (the memory plan's bound).
+    std::vector<std::shared_future<void>> outgoing;
   };
 
   // pipeline_worker.cpp: one worker thread per device runs its instruction list.
@@ -318,6 +347,7 @@ struct pipeline_executor::impl {
   const stage_weights& stage_w(worker_ctx& c, int32_t s);
   void timed(worker_ctx& c, const instr& in, const std::function<void()>& fn);
   block_ptr stash_block(worker_ctx& c, int32_t layers);
+  block_ptr head_block(worker_ctx& c, const stage_def& st);  // null unless st has the head
   void send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t peer, async_tensor t);
   void recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from);
   void backward_done();

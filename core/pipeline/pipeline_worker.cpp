@@ -70,6 +70,11 @@ void impl::load_device_lora(worker_ctx& c) {
             c.lora.layers[l][i] = {p.a.to(c.tdev, w.embed.scalar_type()), p.b.to(c.tdev, w.embed.scalar_type())};
         }
   c.rope = w.rope.to(c.tdev);
+  size_t bytes = 0;
+  for (const auto& layer : c.lora.layers)
+    for (const auto& pair : layer) bytes += nbytes(pair.a) + nbytes(pair.b);
+  for (const auto* t : {&c.rope.full, &c.rope.local}) bytes += nbytes(t->cos) + nbytes(t->sin) + nbytes(t->inv_freq);
+  c.held.push_back(std::make_shared<arena_block>(c.dev.arena(), bytes));
 }
 
 const micro_batch& impl::mb(worker_ctx& c, int32_t m) {
@@ -79,6 +84,7 @@ const micro_batch& impl::mb(worker_ctx& c, int32_t m) {
     it = c.batch.emplace(m, micro_batch{h.tokens.to(c.tdev), h.labels.defined() ? h.labels.to(c.tdev) : h.labels, h.loss_scale,
                                         h.dropout_seed, h.last_logits})
              .first;
+    c.held.push_back(std::make_shared<arena_block>(c.dev.arena(), nbytes(it->second.tokens) + nbytes(it->second.labels)));
   }
   return it->second;
 }
@@ -108,18 +114,57 @@ const stage_weights& impl::stage_w(worker_ctx& c, int32_t s) {
   return *it->second.weights;
 }
 
+// A compute instruction: opens the gate of messages waiting to be uploaded here, runs, is traced,
+// then waits for the outgoing copies issued before it began.
 void impl::timed(worker_ctx& c, const instr& in, const std::function<void()>& fn) {
+  const auto before = std::move(c.outgoing);
+  c.outgoing.clear();
+  std::vector<std::function<void()>> open;
+  {
+    std::lock_guard lock(mu);
+    const int64_t n = ++computes_started[c.d];
+    auto& waiting = gated[c.d];
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (it->after > n) {
+        ++it;
+        continue;
+      }
+      open.push_back(std::move(it->submit));
+      it = waiting.erase(it);
+    }
+  }
+  for (auto& submit : open) submit();
   const auto a = clock_type::now();
   fn();
   const auto b = clock_type::now();
-  std::lock_guard lock(mu);
-  trace.push_back({c.d, in, std::chrono::duration<double>(a - t0).count(), std::chrono::duration<double>(b - t0).count()});
+  {
+    std::lock_guard lock(mu);
+    trace.push_back({c.d, in, std::chrono::duration<double>(a - t0).count(), std::chrono::duration<double>(b - t0).count()});
+  }
+  for (const auto& f : before) f.wait();  // a failed copy reports through fail_on
+}
+
+void impl::upload_when_open(int32_t dest, int64_t after, std::function<void()> submit) {
+  {
+    std::lock_guard lock(mu);
+    if (computes_started[dest] < after && !failed) {
+      gated[dest].push_back({after, std::move(submit)});
+      return;
+    }
+  }
+  submit();
 }
 
 // Arena bytes an autograd graph over `layers` layers holds while it waits for its backward.
 block_ptr impl::stash_block(worker_ctx& c, int32_t layers) {
   const double per_layer = stash_bytes_per_layer(w.cfg, c.tokens_per_micro, w.embed.element_size());
   return std::make_shared<arena_block>(c.dev.arena(), static_cast<size_t>(per_layer * std::max(1, layers)));
+}
+
+// The head's chunked loss working set (f32 logits, softmax, gradient of one chunk) while it computes.
+block_ptr impl::head_block(worker_ctx& c, const stage_def& st) {
+  if (!st.has_head) return nullptr;
+  return std::make_shared<arena_block>(c.dev.arena(), static_cast<size_t>(head_working_bytes(w.cfg, c.tokens_per_micro)));
 }
 
 void impl::backward_done() {
@@ -181,15 +226,18 @@ void impl::exec_forward(worker_ctx& c, const instr& in) {
     at::Tensor x = st.has_embed ? mb(c, m).tokens : take(c, 'a', st.first_layer, m);
     std::map<int32_t, at::Tensor> ckpt;
     double loss = 0;
+    auto head = head_block(c, st);
     if (keep_graph) {
       if (!st.has_embed) x = x.detach().requires_grad_(true);
       auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), &ckpt, &loss);
+      head.reset();
       auto mem = stash_block(c, st.last_layer - st.first_layer);
       if (!st.has_head) keep(c, 'a', st.last_layer, m, out.detach());
       c.stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, mem};
     } else {
       torch::NoGradGuard ng;
       auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), &ckpt, &loss);
+      head.reset();
       if (!st.has_head) keep(c, 'a', st.last_layer, m, out);
       if (st.has_head && mb(c, m).last_logits) {
         std::lock_guard lock(mu);
@@ -213,7 +261,9 @@ void impl::exec_recompute(worker_ctx& c, const instr& in) {
     at::Tensor x = take(c, 'c', st.first_layer, m);
     if (!st.has_embed) x = x.detach().requires_grad_(true);
     double loss = 0;
+    auto head = head_block(c, st);
     auto out = run_stage(context(c, m), sw, st, s, x, mb(c, m), nullptr, st.has_head ? &loss : nullptr);
+    head.reset();
     c.stash[{s, m}] = {st.has_embed ? at::Tensor() : x, out, stash_block(c, st.last_layer - st.first_layer)};
   });
 }
@@ -227,6 +277,7 @@ void impl::exec_backward_by_layer(worker_ctx& c, const instr& in) {
     const auto& sw = stage_w(c, s);
     const auto ctx = context(c, m);
     at::Tensor grad = st.has_head ? at::Tensor() : take(c, 'g', st.last_layer, m);
+    auto head = head_block(c, st);
     for (int32_t l = st.last_layer - 1; l >= st.first_layer; --l) {
       at::Tensor x = take(c, 'c', l, m), leaf;
       if (l == 0) {
@@ -245,6 +296,7 @@ void impl::exec_backward_by_layer(worker_ctx& c, const instr& in) {
       }
       if (leaf.defined()) grad = leaf.grad();
     }
+    head.reset();
     if (!st.has_embed) keep(c, 'g', st.first_layer, m, grad);
     backward_done();
   });
@@ -259,9 +311,15 @@ void impl::exec_backward(worker_ctx& c, const instr& in) {
     if (it == c.stash.end()) throw lorapipe_error(fmt::format("{}: backward of stage {} micro-batch {} has no graph", c.dev.name(), s, m));
     auto g = std::move(it->second);
     c.stash.erase(it);
+    auto head = head_block(c, st);
     if (st.has_head) g.output.backward();
     else g.output.backward(take(c, 'g', st.last_layer, m));
-    if (!st.has_embed) keep(c, 'g', st.first_layer, m, g.input.grad());
+    // The graph and the head's working set go back before the input gradient is kept (the memory
+    // plan frees them first).
+    head.reset();
+    const at::Tensor grad_in = st.has_embed ? at::Tensor() : g.input.grad();
+    g = graph_stash{};
+    if (!st.has_embed) keep(c, 'g', st.first_layer, m, grad_in);
     backward_done();
   });
 }
@@ -308,20 +366,24 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
     c.dev.nccl_send(peer, t.get());
     return;
   }
-  if (link == transport_kind::peer) {
-    c.dev.download().submit(bytes, [t, from, to, deliver] { deliver([&] { return to->copy_from_peer(*from, t.get()); }); });
+  if (link == transport_kind::peer) {  // not gated: one copy, driven by the sender
+    c.outgoing.push_back(
+        c.dev.download().submit(bytes, [t, from, to, deliver] { deliver([&] { return to->copy_from_peer(*from, t.get()); }); }));
     return;
   }
+  const int64_t after = recv_gate.at({kind, boundary, m, peer});
   // Nobody waits on these futures: a failing copy must fail the step itself, or the receiver waits forever.
   auto host_copy = std::make_shared<at::Tensor>();
-  c.dev.download().submit(bytes, [this, t, host_copy, bytes, from, to, deliver] {
+  c.outgoing.push_back(c.dev.download().submit(bytes, [this, t, host_copy, bytes, from, to, deliver, peer, after] {
     try {
       *host_copy = from->copy_out(t.get());
     } catch (const std::exception& e) {
       return fail_on(*from, e);
     }
-    to->upload().submit(bytes, [host_copy, to, deliver] { deliver([&] { return to->copy_in(*host_copy); }); });
-  });
+    upload_when_open(peer, after, [host_copy, to, deliver, bytes] {
+      to->upload().submit(bytes, [host_copy, to, deliver] { deliver([&] { return to->copy_in(*host_copy); }); });
+    });
+  }));
 }
 
 void impl::recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from) {
@@ -347,6 +409,7 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
     async_tensor dst;
     compute_device* devp = &c.dev;
     dst.done = c.dev.download().submit(nbytes(src.get()), [src, devp, v = dst.value] { *v = devp->copy_out(src.get()); });
+    c.outgoing.push_back(dst.done);
     std::lock_guard lock(mu);
     host[{b, in.micro}] = dst;
     cv.notify_all();

@@ -495,4 +495,25 @@ message message_of(const program& p, const instr& in) {
   return {grad ? 'G' : 'A', at_last ? st.last_layer : st.first_layer};
 }
 
+std::map<int32_t, std::set<int32_t>> checkpoint_boundaries(const program& p, bool per_layer) {
+  std::set<int32_t> recomputed;
+  for (const auto& list : p.devices)
+    for (const auto& in : list)
+      if (in.kind == op::recompute) recomputed.insert(in.stage);
+  std::map<int32_t, std::set<int32_t>> out;
+  for (const auto& list : p.devices)
+    for (const auto& in : list)
+      if (in.kind == op::forward) {
+        const auto& fs = p.stages[in.stage];
+        const int32_t end = std::max(fs.last_layer, fs.first_layer + 1);
+        for (int32_t x : recomputed) {
+          const auto& sx = p.stages[x];
+          const int32_t b_end = per_layer ? sx.last_layer : sx.first_layer + 1;
+          for (int32_t b = sx.first_layer; b < b_end; ++b)
+            if (b >= fs.first_layer && b < end) out[in.stage].insert(b);
+        }
+      }
+  return out;
+}
+
 }  // namespace lorapipe

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,13 @@ const std::vector<std::string>& schedule_names();
 // the stages it runs forward (in the training order); backward, recompute, gradient transfers,
 // offloads and optimizer steps are dropped.
 program forward_only(const program& training);
+
+// The layer boundaries whose inputs each forward stage checkpoints (forward stage -> boundaries):
+// for every stage with a RECOMPUTE, its first layer (per_layer: each of its layers), saved by the
+// forward stage whose layers contain it (forward and backward partitions may differ, as in
+// round-robin). Boundary 0 holds the token ids. The executor saves exactly these; the simulator
+// and the memory plan charge them.
+std::map<int32_t, std::set<int32_t>> checkpoint_boundaries(const program& p, bool per_layer);
 
 // Text form: header lines "schedule NAME micro_batches M", "stage i first last [embed] [head]",
 // then "dN: instr instr ...". parse(to_text(p)) == p.

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -19,6 +21,18 @@ sim_costs uniform_costs(const program& p, double t_f, double t_b) {
   c.recompute_s.assign(p.stages.size(), 0.0);
   c.weight_bytes.assign(p.stages.size(), 0.0);
   return c;
+}
+
+const char* mem_kind_name(mem_kind k) {
+  switch (k) {
+    case mem_kind::weights: return "weights";
+    case mem_kind::inputs: return "inputs";
+    case mem_kind::activations: return "activations";
+    case mem_kind::checkpoints: return "checkpoints";
+    case mem_kind::graphs: return "graphs";
+    case mem_kind::head: return "head";
+  }
+  return "?";
 }
 
 namespace {
@@ -47,7 +61,14 @@ struct device_state {
   size_t pc = 0;
   double clock = 0, busy = 0;
   engine wh2d, h2d, d2h;  // weight upload, activation upload, download (as on the devices)
-  std::vector<std::pair<double, double>> mem;  // (time, +/- bytes)
+  std::vector<mem_event> mem;
+  std::set<int32_t> inputs;  // micro-batches whose tokens and labels are on the device
+  // What outgoing copies (SEND, OFFLOAD) free when they finish: booked no earlier than the end of
+  // the device's next compute, so the plan holds a copy's source until the compute it overlaps is
+  // done (engines on a busy host, or a driver's queue, can finish later than the bandwidth says).
+  std::vector<mem_event> pending_free;
+  double last_start = 0;  // when its last compute began
+  int64_t computes = 0;   // computes begun
 };
 
 double transfer(double bytes, double bw, double lat) { return bw > 0 ? bytes / bw + lat : lat; }
@@ -101,11 +122,14 @@ std::optional<sim_result> check_pairing(const program& p) {
 class sim_run {
  public:
   sim_run(const program& p, const sim_costs& c)
-      : p_(p), c_(c), D_(p.num_devices()), dev_(D_), carried_(D_), act_(c.act_bytes) {
+      : p_(p), c_(c), D_(p.num_devices()), dev_(D_), carried_(D_), act_(c.act_bytes), ckpt_(checkpoint_boundaries(p, c.per_layer_recompute)) {
     for (const auto& list : p.devices)
       for (const auto& in : list) {
         if (in.kind == op::recompute) has_recompute_.insert(in.stage);
-        if (in.kind == op::backward) ++total_backward_;
+        if (in.kind == op::backward) {
+          ++total_backward_;
+          has_backward_.insert(in.stage);
+        }
       }
     if (c.steady_state)
       for (int32_t d = 0; d < D_; ++d) {  // stages prefetched after a device's last compute are resident from the previous iteration
@@ -171,6 +195,31 @@ class sim_run {
 
   bool has(const key& k) const { return ready_.count(k) > 0; }
   int32_t layers(int32_t s) const { return p_.stages[s].last_layer - p_.stages[s].first_layer; }
+  // Memory accounting mirrors the executor's arena charges (pipeline_worker.cpp).
+  void charge(int32_t d, double t, double bytes, mem_kind k, int32_t s, int32_t m) { dev_[d].mem.push_back({t, bytes, k, s, m}); }
+  double recompute_cost(int32_t s) const { return c_.recompute_s[s] > 0 ? c_.recompute_s[s] : c_.forward_s[s]; }
+  double graph_bytes(int32_t s) const { return std::max(1, layers(s)) * c_.stash_bytes_per_layer; }
+  double checkpoint_bytes(int32_t boundary) const { return boundary == 0 ? c_.token_bytes : act_; }
+  // The boundaries a recomputed stage checkpoints (OFFLOAD, RELOAD and its recompute use them).
+  std::vector<int32_t> bounds(int32_t s) const {
+    std::vector<int32_t> out{p_.stages[s].first_layer};
+    if (c_.per_layer_recompute)
+      for (int32_t l = p_.stages[s].first_layer + 1; l < p_.stages[s].last_layer; ++l) out.push_back(l);
+    return out;
+  }
+  double bounds_bytes(int32_t s) const {
+    double b = 0;
+    for (int32_t x : bounds(s)) b += checkpoint_bytes(x);
+    return b;
+  }
+  void use_inputs(int32_t d, int32_t m, double t) {
+    if (dev_[d].inputs.insert(m).second) charge(d, t, c_.input_bytes, mem_kind::inputs, -1, m);
+  }
+  void head_during(int32_t d, int32_t s, double t0, double t1) {
+    if (!p_.stages[s].has_head) return;
+    charge(d, t0, c_.head_bytes, mem_kind::head, s, -1);
+    charge(d, t1, -c_.head_bytes, mem_kind::head, s, -1);
+  }
   key weights(int32_t d, int32_t s) const { return key{'w', s, -1, d}; }
 
   // Compute after every input is there; records the interval in the timeline.
@@ -181,8 +230,22 @@ class sim_run {
       if (!has(k)) return false;
       start = std::max(start, ready_[k]);
     }
-    ds.clock = start + cost;
+    started_ = ds.last_start = start;
+    ++ds.computes;
+    ds.clock = ended_ = start + cost;
     ds.busy += cost;
+    // The executor waits, when a compute ends (after its results are kept), for the outgoing
+    // copies issued before it began: their sources are freed just after the compute's allocations.
+    if (!ds.pending_free.empty()) {
+      double t = std::nextafter(ended_, std::numeric_limits<double>::infinity());
+      for (const auto& e : ds.pending_free) t = std::max(t, e.t);
+      for (auto e : ds.pending_free) {
+        e.t = t;
+        ds.mem.push_back(e);
+      }
+      ds.pending_free.clear();
+      ds.clock = t;
+    }
     timeline_.push_back({d, static_cast<int32_t>(ds.pc), in, start, ds.clock});
     return true;
   }
@@ -193,23 +256,21 @@ class sim_run {
     const int32_t m = in.micro, s = in.stage;
     std::vector<key> needs{weights(d, s), st.has_embed ? key{'L', 0, m, d} : key{'a', st.first_layer, m, d}};
     if (st.has_head) needs.push_back({'L', 0, m, d});
-    const double t0 = ds.clock;
     if (!compute(d, in, c_.forward_s[s], needs)) return false;
-    for (int32_t b = st.first_layer; b < st.last_layer; ++b) ready_[{'c', b, m, d}] = ds.clock;
-    if (st.first_layer == st.last_layer) ready_[{'c', st.first_layer, m, d}] = ds.clock;
+    const double t0 = started_, t1 = ended_;
+    for (int32_t b = st.first_layer; b < st.last_layer; ++b) ready_[{'c', b, m, d}] = t1;
+    if (st.first_layer == st.last_layer) ready_[{'c', st.first_layer, m, d}] = t1;
+    use_inputs(d, m, t0);
+    if (!st.has_embed) charge(d, t0, -act_, mem_kind::activations, s, m);  // the input is taken
+    head_during(d, s, t0, t1);
+    if (auto it = ckpt_.find(s); it != ckpt_.end())
+      for (int32_t b : it->second) charge(d, t1, checkpoint_bytes(b), mem_kind::checkpoints, s, m);
+    if (!has_recompute_.count(s)) ready_[{'s', s, m, d}] = t1;
+    if (has_backward_.count(s) && !has_recompute_.count(s)) charge(d, t1, graph_bytes(s), mem_kind::graphs, s, m);  // kept for B
     if (!st.has_head) {
-      ready_[{'a', st.last_layer, m, d}] = ds.clock;
-      ds.mem.push_back({ds.clock, act_});
-    } else {  // the chunked head loss while the head runs
-      ds.mem.push_back({ds.clock - c_.forward_s[s], c_.head_bytes});
-      ds.mem.push_back({ds.clock, -c_.head_bytes});
+      ready_[{'a', st.last_layer, m, d}] = t1;
+      charge(d, t1, act_, mem_kind::activations, s, m);
     }
-    if (!has_recompute_.count(s)) {
-      ready_[{'s', s, m, d}] = ds.clock;
-      ds.mem.push_back({t0, layers(s) * c_.stash_bytes_per_layer});
-    }
-    ds.mem.push_back({ds.clock, -act_});  // the input is consumed (checkpoints are counted on OFF/R)
-    ds.mem.push_back({t0, act_});
     return true;
   }
 
@@ -217,12 +278,21 @@ class sim_run {
     auto& ds = dev_[d];
     const auto& st = p_.stages[in.stage];
     const int32_t m = in.micro, s = in.stage;
-    const double t0 = ds.clock;
     std::vector<key> needs{weights(d, s), {'c', st.first_layer, m, d}};
     if (st.has_head) needs.push_back({'L', 0, m, d});
-    if (!compute(d, in, c_.recompute_s[s] > 0 ? c_.recompute_s[s] : c_.forward_s[s], needs)) return false;
-    ready_[{'s', s, m, d}] = ds.clock;
-    ds.mem.push_back({t0, layers(s) * c_.stash_bytes_per_layer});
+    if (c_.per_layer_recompute) {  // the executor's RECOMPUTE returns at once; BACKWARD recomputes layer by layer
+      for (const auto& k : needs)
+        if (!has(k)) return false;
+      ready_[{'s', s, m, d}] = ds.clock;
+      return true;
+    }
+    if (!compute(d, in, recompute_cost(s), needs)) return false;
+    const double t0 = started_, t1 = ended_;
+    ready_[{'s', s, m, d}] = t1;
+    use_inputs(d, m, t0);
+    charge(d, t0, -checkpoint_bytes(st.first_layer), mem_kind::checkpoints, s, m);
+    head_during(d, s, t0, t1);
+    charge(d, t1, graph_bytes(s), mem_kind::graphs, s, m);
     return true;
   }
 
@@ -232,19 +302,31 @@ class sim_run {
     const int32_t m = in.micro, s = in.stage;
     std::vector<key> needs{weights(d, s), {'s', s, m, d}};
     if (!st.has_head) needs.push_back({'g', st.last_layer, m, d});
-    if (!compute(d, in, c_.backward_s[s], needs)) return false;
-    if (st.has_head) {  // the head's chunks recomputed for the gradient
-      ds.mem.push_back({ds.clock - c_.backward_s[s], c_.head_bytes});
-      ds.mem.push_back({ds.clock, -c_.head_bytes});
+    const bool adds_recompute = c_.per_layer_recompute && has_recompute_.count(s) && !c_.backward_includes_recompute;
+    const double cost = c_.backward_s[s] + (adds_recompute ? recompute_cost(s) : 0.0);
+    if (!compute(d, in, cost, needs)) return false;
+    const double t0 = started_, t1 = ended_;
+    if (!st.has_head) charge(d, t0, -act_, mem_kind::activations, s, m);  // the gradient is taken
+    head_during(d, s, t0, t1);
+    if (c_.per_layer_recompute && has_recompute_.count(s)) {
+      // One layer's graph at a time; each checkpoint is taken as its layer starts, from the last one.
+      const auto b = bounds(s);
+      const double per = c_.stash_bytes_per_layer;
+      charge(d, t0, per, mem_kind::graphs, s, m);
+      charge(d, t1, -per, mem_kind::graphs, s, m);
+      for (size_t k = 0; k < b.size(); ++k) {
+        const double t = t0 + (t1 - t0) * static_cast<double>(b.size() - 1 - k) / static_cast<double>(b.size());
+        charge(d, t, -checkpoint_bytes(b[k]), mem_kind::checkpoints, s, m);
+      }
+    } else {
+      charge(d, t1, -graph_bytes(s), mem_kind::graphs, s, m);
     }
-    ds.mem.push_back({ds.clock, -layers(s) * c_.stash_bytes_per_layer});
-    if (!st.has_head) ds.mem.push_back({ds.clock, -act_});
     if (!st.has_embed) {
-      ready_[{'g', st.first_layer, m, d}] = ds.clock;
-      ds.mem.push_back({ds.clock, act_});
+      ready_[{'g', st.first_layer, m, d}] = t1;
+      charge(d, t1, act_, mem_kind::activations, s, m);
     }
     ++backward_done_;
-    last_backward_end_ = std::max(last_backward_end_, ds.clock);
+    last_backward_end_ = std::max(last_backward_end_, t1);
     return true;
   }
 
@@ -303,8 +385,8 @@ class sim_run {
         const double start = std::max({queue.front().posted, peer_queue.front().posted, free_at_[{comm, d}], free_at_[{comm, to}]});
         const double t = start + transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
         free_at_[{comm, d}] = free_at_[{comm, to}] = t;
-        dev_[from].mem.push_back({t, -act_});
-        dev_[to].mem.push_back({start, act_});
+        charge(from, t, -act_, mem_kind::activations, -1, micro);
+        charge(to, start, act_, mem_kind::activations, -1, micro);
         ready_[{kind == 'A' ? 'a' : 'g', boundary, micro, to}] = t;
         queue.pop_front();
         peer_queue.pop_front();
@@ -323,12 +405,8 @@ class sim_run {
     if (!has(local)) return false;
     const double down = transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
     const double t1 = ds.d2h.reserve(std::max(ds.clock, ready_[local]), down) + down;
-    ds.mem.push_back({t1, -act_});
-    auto& peer = dev_[in.peer];
-    const double up = transfer(act_, c_.h2d_bytes_per_s, c_.copy_latency_s);
-    const double t2 = peer.h2d.reserve(t1, up);
-    peer.mem.push_back({t2, act_});
-    ready_[{msg.kind, msg.boundary, in.micro, in.peer}] = t2 + up;
+    ds.pending_free.push_back({t1, -act_, mem_kind::activations, -1, in.micro, t1});
+    ready_[{msg.kind, msg.boundary, in.micro, in.peer}] = t1;  // in host staging; the RECV uploads it
     return true;
   }
 
@@ -337,7 +415,14 @@ class sim_run {
     const auto msg = message_of(p_, in);
     const key mail{msg.kind, msg.boundary, in.micro, d};
     if (!has(mail)) return false;
-    dev_[d].clock = std::max(dev_[d].clock, ready_[mail]);  // the device thread blocks until it arrives
+    // The executor uploads a host-staged message once this device has begun the compute before
+    // the RECV (from the start when there is none); the buffer is charged from that gate on.
+    auto& ds = dev_[d];
+    const double gate = ds.computes > 0 ? ds.last_start : 0.0;
+    const double up = transfer(act_, c_.h2d_bytes_per_s, c_.copy_latency_s);
+    const double t2 = ds.h2d.reserve(std::max(ready_[mail], gate), up);
+    ds.mem.push_back({gate, act_, mem_kind::activations, -1, in.micro, t2});
+    ds.clock = std::max(ds.clock, t2 + up);  // the device thread blocks until it arrives
     ready_[{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d}] = dev_[d].clock;
     return true;
   }
@@ -348,19 +433,19 @@ class sim_run {
     if (carried_[d].count(s)) {  // resident from the previous iteration (first PW) ...
       carried_[d].erase(s);
       ready_[weights(d, s)] = ds.clock;
-      ds.mem.push_back({ds.clock, c_.weight_bytes[s]});
+      charge(d, ds.clock, c_.weight_bytes[s], mem_kind::weights, s, -1);
       return true;
     }
     const double up = transfer(c_.weight_bytes[s], c_.h2d_bytes_per_s, c_.weight_bytes[s] > 0 ? c_.copy_latency_s : 0);
     const double t = ds.wh2d.reserve(ds.clock, up);
     ready_[weights(d, s)] = t + up;
-    ds.mem.push_back({t, c_.weight_bytes[s]});
+    charge(d, t, c_.weight_bytes[s], mem_kind::weights, s, -1);
     return true;
   }
 
   bool release(int32_t d, const instr& in) {
     if (!has(weights(d, in.stage))) return false;
-    dev_[d].mem.push_back({dev_[d].clock, -c_.weight_bytes[in.stage]});
+    charge(d, dev_[d].clock, -c_.weight_bytes[in.stage], mem_kind::weights, in.stage, -1);
     ready_.erase(weights(d, in.stage));
     return true;
   }
@@ -370,10 +455,9 @@ class sim_run {
     const auto& st = p_.stages[in.stage];
     const key ck{'c', st.first_layer, in.micro, d};
     if (!has(ck)) return false;
-    const double down = transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
+    const double down = transfer(bounds_bytes(in.stage), c_.d2h_bytes_per_s, c_.copy_latency_s);
     const double t1 = ds.d2h.reserve(std::max(ds.clock, ready_[ck]), down) + down;
-    ds.mem.push_back({ready_[ck], act_});
-    ds.mem.push_back({t1, -act_});
+    for (int32_t b : bounds(in.stage)) ds.pending_free.push_back({t1, -checkpoint_bytes(b), mem_kind::checkpoints, in.stage, in.micro, t1});
     ready_[{'H', st.first_layer, in.micro, -1}] = t1;
     return true;
   }
@@ -383,9 +467,10 @@ class sim_run {
     const auto& st = p_.stages[in.stage];
     const key hk{'H', st.first_layer, in.micro, -1};
     if (!has(hk)) return false;
-    const double up = transfer(act_, c_.h2d_bytes_per_s, c_.copy_latency_s);
+    const double up = transfer(bounds_bytes(in.stage), c_.h2d_bytes_per_s, c_.copy_latency_s);
     const double t = ds.h2d.reserve(std::max(ds.clock, ready_[hk]), up);
-    ds.mem.push_back({t, act_});
+    for (int32_t b : bounds(in.stage))  // charged when the upload is queued
+      charge(d, std::max(ds.clock, ready_[hk]), checkpoint_bytes(b), mem_kind::checkpoints, in.stage, in.micro);
     ready_[{'c', st.first_layer, in.micro, d}] = t + up;
     return true;
   }
@@ -397,16 +482,18 @@ class sim_run {
       r.makespan_s = std::max({r.makespan_s, ds.clock, ds.h2d.last(), ds.d2h.last(), c_.steady_state ? 0.0 : ds.wh2d.last()});
     double busy = 0;
     for (auto& ds : dev_) {
+      ds.mem.insert(ds.mem.end(), ds.pending_free.begin(), ds.pending_free.end());
       r.busy_s.push_back(ds.busy);
       busy += ds.busy;
       std::stable_sort(ds.mem.begin(), ds.mem.end(),
-                       [](auto& a, auto& b) { return a.first < b.first || (a.first == b.first && a.second < b.second); });
+                       [](auto& a, auto& b) { return a.t < b.t || (a.t == b.t && a.bytes < b.bytes); });
       double cur = 0, peak = 0;
-      for (const auto& [t, b] : ds.mem) {
-        cur += b;
+      for (const auto& e : ds.mem) {
+        cur += e.bytes;
         peak = std::max(peak, cur);
       }
       r.peak_bytes.push_back(peak);
+      r.memory.push_back(ds.mem);
     }
     r.bubble_ratio = r.makespan_s > 0 ? 1.0 - busy / (D_ * r.makespan_s) : 0.0;
     r.grid = program_grid(p_);
@@ -420,15 +507,18 @@ class sim_run {
   std::vector<device_state> dev_;
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
   const double act_;
+  std::map<int32_t, std::set<int32_t>> ckpt_;  // forward stage -> boundaries it checkpoints
   std::map<key, double> ready_;  // when an item becomes available
   // Per (communicator, device): the NCCL operations it posted there and not yet moved, oldest first,
   // and when its last one moved.
   std::map<std::pair<comm_key, int32_t>, std::deque<nccl_op>> posted_;
   std::map<std::pair<comm_key, int32_t>, double> free_at_;
-  std::set<int32_t> has_recompute_;
+  std::set<int32_t> has_recompute_, has_backward_;
   int total_backward_ = 0, backward_done_ = 0;
   double last_backward_end_ = 0;
   std::vector<sim_interval> timeline_;
+  double started_ = 0;  // when the last compute() began (exactly: end - cost need not round back to it)
+  double ended_ = 0;    // when it ended (before waiting for outgoing copies)
 };
 
 }  // namespace
@@ -436,6 +526,28 @@ class sim_run {
 sim_result simulate(const program& p, const sim_costs& c) {
   if (auto bad = check_pairing(p)) return *bad;
   return sim_run(p, c).run();
+}
+
+sim_costs with_measured_compute(const program& p, sim_costs c, const std::vector<sim_interval>& measured) {
+  std::map<std::pair<op, int32_t>, std::vector<double>> times;  // (kind, stage) -> seconds
+  for (const auto& m : measured) times[{m.in.kind, m.in.stage}].push_back(m.end_s - m.start_s);
+  const auto median = [&](op k, int32_t s, double& out) {
+    auto it = times.find({k, s});
+    if (it == times.end() || it->second.empty()) return;
+    auto& v = it->second;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    out = v[v.size() / 2];
+  };
+  c.forward_s.resize(p.stages.size());
+  c.backward_s.resize(p.stages.size());
+  c.recompute_s.resize(p.stages.size());
+  for (int32_t s = 0; s < static_cast<int32_t>(p.stages.size()); ++s) {
+    median(op::forward, s, c.forward_s[s]);
+    median(op::backward, s, c.backward_s[s]);
+    median(op::recompute, s, c.recompute_s[s]);
+  }
+  c.backward_includes_recompute = c.per_layer_recompute;
+  return c;
 }
 
 namespace {

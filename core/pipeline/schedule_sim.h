@@ -20,6 +20,17 @@ struct sim_costs {
   double act_bytes = 0;             // one boundary activation (or gradient) of one micro-batch
   double stash_bytes_per_layer = 0;  // autograd graph kept per layer per micro-batch
   double head_bytes = 0;            // the head stage's chunked loss working set, during its forward and backward
+  // A micro-batch's token ids and labels on a device (from its first F or R there to the end of the
+  // step), and the token ids alone (the checkpoint at layer 0).
+  double input_bytes = 0;
+  double token_bytes = 0;
+  // Recompute a layer at a time (pipeline_options::layer_recompute): every layer input of a
+  // recomputed stage is checkpointed (and offloaded); RECOMPUTE keeps nothing; BACKWARD holds one
+  // layer's graph at a time and uses the checkpoints up from the last layer.
+  bool per_layer_recompute = false;
+  // backward_s already holds the recompute (times measured with per_layer_recompute, where BACKWARD
+  // does both); otherwise a per-layer BACKWARD costs backward_s plus the recompute.
+  bool backward_includes_recompute = false;
   double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
   double d2h_bytes_per_s = 0;
   double copy_latency_s = 0;
@@ -48,6 +59,27 @@ struct sim_interval {
   double start_s = 0, end_s = 0;
 };
 
+// What a device holds, by kind (the memory plan's buffers over time).
+enum class mem_kind : uint8_t {
+  weights,      // a stage's frozen weights (PREFETCH..RELEASE)
+  inputs,       // token ids and labels of a micro-batch
+  activations,  // a boundary activation or gradient: from its F/B (or arrival) to its SEND's copy (or use)
+  checkpoints,  // a recomputed stage's saved input: F to OFFLOAD, or RELOAD/F to RECOMPUTE
+  graphs,       // an autograd graph kept for BACKWARD (F or RECOMPUTE to BACKWARD)
+  head,         // the head's chunked loss working set while the head computes
+};
+inline constexpr int num_mem_kinds = 6;
+const char* mem_kind_name(mem_kind k);  // "weights", "inputs", ...
+struct mem_event {
+  double t = 0;      // the latest an allocation's free / the earliest an arrival can happen, as the
+                     // executor enforces it (outgoing copies done when the next compute ends;
+                     // arrivals uploaded once the compute before their RECV has begun)
+  double bytes = 0;  // + allocated, - freed
+  mem_kind kind = mem_kind::weights;
+  int32_t stage = -1, micro = -1;  // what it belongs to (-1: n/a)
+  double t_expected = -1;  // when copies taking their simulated time do it (-1: at t)
+};
+
 struct sim_result {
   bool ok = false;
   std::string error;             // first problem found, with device and step
@@ -57,10 +89,18 @@ struct sim_result {
   double bubble_ratio = 0;       // 1 - compute busy time / (devices x makespan)
   std::vector<double> busy_s;    // compute time per device
   std::vector<double> peak_bytes;  // per device: weights + activations + graphs at their peak
+  // Per device, in the order the memory plan replays them (time, frees before allocations at the
+  // same time).
+  std::vector<std::vector<mem_event>> memory;
   std::vector<sim_interval> timeline;  // compute instructions in simulated time
 };
 
 sim_result simulate(const program& p, const sim_costs& c);
+
+// Costs with compute times measured on the devices: each stage's forward, backward and recompute
+// time becomes the median of `measured` (a step's trace of F, B and R) where the stage has one.
+// What the memory plan and the step-time prediction use once a step has run (a profile).
+sim_costs with_measured_compute(const program& p, sim_costs c, const std::vector<sim_interval>& measured);
 
 // The weight arena a device needs (memory plan, made before anything is allocated): every
 // PREFETCH_WEIGHTS places its stage's block (stage_bytes[stage]) best fit at `alignment`,

@@ -102,6 +102,13 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
     arenas += fmt::format("{}{} {:.2f} MiB ({} stage(s) at once{})", arenas.empty() ? "" : "; ", a.device, a.bytes / 1048576.0,
                           a.stages_at_once, a.slot_bytes ? fmt::format(", slots of {:.2f} MiB", a.slot_bytes / 1048576.0) : "");
   obs.on_event(log_event{log_event::level::info, "memory plan: weight arenas " + arenas});
+  {
+    const memory_plan mem = project_memory_plan(kept, w.cfg, cfg, auto_schedule_gflops);
+    std::string peaks;
+    for (size_t d = 0; d < mem.devices.size() && d < raw.size(); ++d)
+      peaks += fmt::format("{}{} {:.2f} MiB", peaks.empty() ? "" : "; ", raw[d]->name(), mem.devices[d].peak_bytes / 1048576.0);
+    obs.on_event(log_event{log_event::level::info, "memory plan: device peaks " + peaks + " (checked before the first step allocates)"});
+  }
   obs.on_event(rig.plan);
   return rig;
 }
