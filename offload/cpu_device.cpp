@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -29,6 +31,7 @@ cpu_device::cpu_device(int index, const cpu_device_options& o)
       down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s),
       threads_(o.compute_threads),
       fault_(o.copy_fault) {
+  if (static_cast<size_t>(index) < o.speed.size() && o.speed[static_cast<size_t>(index)] > 0) speed_ = o.speed[static_cast<size_t>(index)];
   staging_ = staging_pool::create(name_ + "/staging", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
 }
 
@@ -57,6 +60,10 @@ at::Tensor cpu_device::copy_from_peer(compute_device&, const at::Tensor& src) {
 }
 
 void cpu_device::enter_compute_thread() { at::set_num_threads(threads_); }
+
+void cpu_device::pace_compute(double busy_s) {
+  if (speed_ < 1 && busy_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(busy_s * (1 / speed_ - 1)));
+}
 
 std::shared_ptr<void> cpu_device::allocate_region(size_t bytes) {
   const size_t n = (bytes + weight_alignment - 1) / weight_alignment * weight_alignment;

@@ -63,6 +63,10 @@ class compute_device {
   virtual at::Tensor copy_from_peer(compute_device& from, const at::Tensor& src) = 0;
   // Called once by the executor's worker thread of this device before it computes.
   virtual void enter_compute_thread() = 0;
+  // Called on the worker thread after each compute instruction (F, R, B) that took busy_s: a CPU
+  // virtual device slower than the host (cpu_device_options::speed < 1) idles (1/speed - 1) x busy_s
+  // to model a slower device. No-op elsewhere.
+  virtual void pace_compute(double busy_s) { (void)busy_s; }
   // NCCL transport (CUDA builds, after enable_nccl): stream-ordered send to / receive from the
   // pipeline device `peer`, called on this device's worker thread in program order; no host wait
   // (the received tensor is ready for this device's compute stream). Others throw device_error.
@@ -113,6 +117,9 @@ struct cpu_device_options {
   double copy_bytes_per_s = 0;              // per copy engine; 0 = unthrottled
   double copy_latency_s = 0;
   int compute_threads = 1;
+  // Per device (index -> speed; missing = 1): relative compute speed of CPU virtual devices, which
+  // run at the host's speed x this (< 1 = slower; > 1 cannot run faster than the host).
+  std::vector<double> speed;
   // CUDA: host bytes streamed weights may page-lock, shared by the pipeline's devices (0 = half of RAM).
   size_t pinned_budget_bytes = 0;
   // Test hook: called with "copy_in", "copy_out" or "copy_from_peer" before each such copy; may throw
@@ -138,6 +145,7 @@ class cpu_device final : public compute_device {
   at::Tensor copy_out(const at::Tensor& on_device) override;
   at::Tensor copy_from_peer(compute_device& from, const at::Tensor& src) override;
   void enter_compute_thread() override;
+  void pace_compute(double busy_s) override;
 
  protected:
   std::shared_ptr<void> allocate_region(size_t bytes) override;
@@ -145,6 +153,7 @@ class cpu_device final : public compute_device {
 
  private:
   std::string name_;
+  double speed_ = 1;
   memory_arena arena_;
   copy_engine wup_, up_, down_;
   int threads_;

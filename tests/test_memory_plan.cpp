@@ -22,30 +22,12 @@
 #include "core/pipeline/pipeline_executor.h"
 #include "core/pipeline/schedule.h"
 #include "core/project/llama_config.h"
+#include "tests/synthetic_llama.h"
 #include "tests/test_paths.h"
 
 using namespace lorapipe;
 
 namespace {
-
-// Random weights in the layout the loader gives (no file): the synthetic model of the memory tests.
-llama_weights random_llama(const llama_config& c) {
-  torch::manual_seed(11);
-  llama_weights w;
-  w.cfg = c;
-  w.dtype = at::kFloat;
-  w.embed = torch::randn({c.vocab_size, c.hidden_size}) * 0.02;  // f32 [V,D]
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    layer_weights lw;
-    for (const auto& spec : layer_tensor_specs(c))
-      lw[spec.slot] = spec.shape.size() == 1 ? torch::ones(spec.shape) : torch::randn(spec.shape) * 0.02;
-    w.layers.push_back(std::move(lw));
-  }
-  w.final_norm = torch::ones({c.hidden_size});                           // f32 [D]
-  w.lm_head = torch::randn({c.vocab_size, c.hidden_size}) * 0.02;        // f32 [V,D]
-  w.rope = make_rope_tables(c);
-  return w;
-}
 
 struct model_fixture {
   llama_weights w;
@@ -56,16 +38,7 @@ const model_fixture& stories() {
   return f;
 }
 const model_fixture& synthetic() {
-  static model_fixture f{[] {
-                           auto c = parse_llama_config(nlohmann::json{{"model_type", "llama"}, {"hidden_size", 512},
-                                                                      {"intermediate_size", 1408}, {"num_hidden_layers", 6},
-                                                                      {"num_attention_heads", 8}, {"num_key_value_heads", 8},
-                                                                      {"vocab_size", 4096}, {"max_position_embeddings", 1024},
-                                                                      {"rms_norm_eps", 1e-5}},
-                                                  "synthetic")
-                                        .value();
-                           return random_llama(c);
-                         }(),
+  static model_fixture f{random_llama(synthetic_llama_config(512, 1408, 6, 4096)),
                          "synthetic-24M"};
   return f;
 }

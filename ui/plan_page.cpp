@@ -100,7 +100,6 @@ namespace {
 
 QString mib(double bytes) { return QString::number(bytes / 1048576.0, 'f', 2); }
 
-// Schedule "auto": what the planner weighed, the choice against the runner-up.
 // The memory plan in one line: the largest device peak and the host, or why it does not fit.
 QString memoryText(const plan_report& p) {
   double peak = 0, expected = 0;
@@ -118,6 +117,21 @@ QString memoryText(const plan_report& p) {
   return text;
 }
 
+// Layers per stage, how they were chosen and the devices' speeds (pipelines only).
+QString partitionText(const plan_report& p) {
+  const auto& pc = p.partition;
+  if (pc.sizes.empty()) return {};
+  QStringList sizes, speeds;
+  for (int32_t n : pc.sizes) sizes << QString::number(n);
+  for (size_t d = 0; d < p.device_speeds.size() && d < p.devices.size(); ++d)
+    speeds << QStringLiteral("%1 ×%2").arg(QString::fromStdString(p.devices[d].name)).arg(p.device_speeds[d], 0, 'g', 3);
+  QString text = QObject::tr("<br>Layers per stage: <b>%1</b> (%2").arg(sizes.join(QStringLiteral(", ")), QString::fromStdString(pc.how));
+  if (pc.how == "balanced" && pc.even_step_s > 0)
+    text += QObject::tr(", %1% faster than even").arg((1 - pc.step_s / pc.even_step_s) * 100, 0, 'f', 1);
+  return text + QObject::tr(") · device speeds %1").arg(speeds.join(QStringLiteral(", ")));
+}
+
+// Schedule "auto": what the planner weighed, the choice against the runner-up.
 QString autoChoiceText(const plan_report& p) {
   if (p.schedule_candidates.empty()) return {};
   int feasible = 0;
@@ -178,7 +192,7 @@ void PlanPage::replan() {
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
                           .arg(mib(static_cast<double>(p.full_logits_bytes))) +
-                      autoChoiceText(p) + memoryText(p));
+                      autoChoiceText(p) + partitionText(p) + memoryText(p));
     QStringList rows;
     for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
     std::vector<GanttBar> bars;

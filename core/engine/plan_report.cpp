@@ -41,8 +41,13 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops) {
     }
     const bool pipelined = cfg.parallel.schedule != "single";
     r.gflops = gflops;
-    LP_TRY_ASSIGN(prog, make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers),
-                                      schedule_options_of(cfg)));
+    if (pipelined) {
+      LP_TRY_ASSIGN(part, choose_partition(cfg, mc, gflops));
+      r.partition = std::move(part);
+    }
+    LP_TRY_ASSIGN(speeds, device_speeds(cfg));
+    r.device_speeds = pipelined ? speeds : std::vector<double>{1.0};
+    LP_TRY_ASSIGN(prog, project_program(cfg, mc, gflops));
     r.prog = std::move(prog);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     const sim_costs costs = estimate_costs(r.prog, mc, cfg, gflops);

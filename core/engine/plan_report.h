@@ -8,6 +8,7 @@
 
 #include "core/base/result.h"
 #include "core/pipeline/cost_model.h"
+#include "core/pipeline/partition_search.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
@@ -21,6 +22,10 @@ struct plan_report {
   std::string requested_schedule;
   std::vector<schedule_candidate> schedule_candidates;
   program prog;
+  // Layers per stage and how they were chosen (parallel.partition: given, even, or balanced by
+  // device speed), with the even partition's simulated step for comparison (pipelines only).
+  partition_choice partition;
+  std::vector<double> device_speeds;
   sim_result sim;
   int64_t tokens_per_micro_batch = 0;
   double gflops = 0;

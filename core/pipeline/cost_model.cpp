@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/pipeline/partition_search.h"
 #include "core/project/lora_target.h"
 #include "offload/memory_arena.h"
 
@@ -54,18 +55,28 @@ double stash_bytes_per_layer(const llama_config& c, int64_t tokens, size_t elem_
   return static_cast<double>(tokens) * elem_bytes * (7.0 * c.hidden_size + 2 * q + 2 * kv + 3.0 * c.intermediate_size);
 }
 
-sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int64_t seq_len, size_t elem, double gflops,
-                     double copy_bytes_per_s) {
+double layer_forward_flops(const llama_config& mc, int64_t rows, int64_t seq_len) {
   const int64_t tokens = rows * seq_len;
   const double layer_params =
       static_cast<double>(mc.num_parameters() - mc.vocab_size * mc.hidden_size * (mc.tie_word_embeddings ? 1 : 2) - mc.hidden_size) /
       static_cast<double>(mc.num_layers);
   const double attn_flops = 4.0 * seq_len * mc.num_heads * mc.head_dim * tokens;
-  const double f_layer = (2.0 * layer_params * tokens + attn_flops) / (gflops * 1e9);
+  return 2.0 * layer_params * tokens + attn_flops;
+}
+
+double head_forward_flops(const llama_config& mc, int64_t rows, int64_t seq_len) {
+  return 2.0 * mc.vocab_size * mc.hidden_size * rows * seq_len;
+}
+
+sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int64_t seq_len, size_t elem, double gflops,
+                     double copy_bytes_per_s) {
+  const int64_t tokens = rows * seq_len;
+  const double f_layer = layer_forward_flops(mc, rows, seq_len) / (gflops * 1e9);
+  const double f_head = head_forward_flops(mc, rows, seq_len) / (gflops * 1e9);
   sim_costs c;
   for (const auto& s : p.stages) {
     double fwd = (s.last_layer - s.first_layer) * f_layer;
-    if (s.has_head) fwd += 2.0 * mc.vocab_size * mc.hidden_size * tokens / (gflops * 1e9);
+    if (s.has_head) fwd += f_head;
     c.forward_s.push_back(fwd);
     c.backward_s.push_back(2 * fwd);
     c.recompute_s.push_back(fwd);
@@ -83,8 +94,10 @@ sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int
 
 sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, double gflops) {
   const int64_t rows = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches);
-  return flop_costs(p, mc, rows, cfg.data.seq_len, compute_element_bytes(cfg), gflops,
-                    cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0);
+  sim_costs c = flop_costs(p, mc, rows, cfg.data.seq_len, compute_element_bytes(cfg), gflops,
+                           cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0);
+  if (auto speeds = device_speeds(cfg); speeds && static_cast<int32_t>(speeds->size()) == p.num_devices()) c.device_speed = *speeds;
+  return c;
 }
 
 memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t elem, int64_t lora_r,
@@ -129,7 +142,16 @@ namespace {
 
 schedule_candidate weigh(const project_config& cfg, const llama_config& mc, double gflops) {
   schedule_candidate c{cfg.parallel.schedule, static_cast<int32_t>(cfg.parallel.micro_batches)};
-  auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(mc.num_layers), schedule_options_of(cfg));
+  auto part = choose_partition(cfg, mc, gflops);
+  if (!part) {
+    c.note = part.message();
+    return c;
+  }
+  c.partition = partition_text(part->sizes);
+  c.partition_how = part->how;
+  schedule_options so = schedule_options_of(cfg);
+  so.stage_layers = part->sizes;
+  auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(mc.num_layers), so);
   if (!prog) {
     c.note = prog.message();
     return c;

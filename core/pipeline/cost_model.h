@@ -36,6 +36,11 @@ std::vector<size_t> stage_weight_bytes(const program& p, const llama_config& c, 
 // the simulator and the executor's arena accounting).
 double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, size_t elem_bytes);
 
+// FLOPs of one decoder layer's forward, and of the final norm + LM head's, for a micro-batch of `rows`
+// sequences of `seq_len` tokens (a backward costs twice the forward).
+double layer_forward_flops(const llama_config& c, int64_t rows, int64_t seq_len);
+double head_forward_flops(const llama_config& c, int64_t rows, int64_t seq_len);
+
 // Simulator costs from FLOPs at `gflops` per device (backward twice the forward) for micro-batches
 // of `rows` sequences of `seq_len` tokens in `elem`-byte compute dtype: exact stage weight bytes,
 // boundary activation, stash, head working set and input bytes; copies at `copy_bytes_per_s`
@@ -54,7 +59,8 @@ memory_plan project_memory_plan(const program& p, const llama_config& c, const p
 
 // Simulator costs for the project's program: compute from FLOPs at `gflops` per device (backward
 // twice the forward), exact stage weight bytes, boundary activation bytes, stash bytes, copy
-// bandwidth from offload.copy_gbps; steady state (cross-iteration prefetches already resident).
+// bandwidth from offload.copy_gbps, device speeds from parallel.device_speeds; steady state
+// (cross-iteration prefetches already resident).
 sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, double gflops);
 
 // parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
@@ -70,6 +76,8 @@ struct schedule_candidate {
   std::string note;                 // why not, when !ok
   double step_s = 0, bubble_ratio = 0;
   double peak_bytes = 0;            // the largest device peak of its memory plan (the bound)
+  std::string partition;            // layers per stage, "3,2" (choose_partition)
+  std::string partition_how;        // even, balanced or given
 };
 struct schedule_choice {
   std::string schedule;             // "single" on one device

@@ -42,7 +42,7 @@ struct micro_batch {
 struct instr_timing {
   int32_t device;
   instr in;
-  double start_s, end_s;  // since the step began
+  double start_s, end_s;  // since the step began; start_s once its inputs were there (waits left out)
 };
 
 struct pipeline_step_result {

@@ -322,6 +322,9 @@ struct pipeline_executor::impl {
     // Outgoing copies (SEND, OFFLOAD) issued since the last compute began: the next compute waits
     // for them when it ends, so their sources are back by then (the memory plan's bound).
     std::vector<std::shared_future<void>> outgoing;
+    // Time the current compute instruction spent waiting for its inputs (arrivals, reloads, weight
+    // uploads): left out of its traced interval and of pace_compute, so a profile holds compute alone.
+    double waited_s = 0;
   };
 
   // pipeline_worker.cpp: one worker thread per device runs its instruction list.

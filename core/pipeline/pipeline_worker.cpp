@@ -97,7 +97,9 @@ layer_context impl::context(worker_ctx& c, int32_t m) const {
 at::Tensor impl::take(worker_ctx& c, char k, int32_t b, int32_t m) {
   auto it = c.local.find({k, b, m});
   if (it == c.local.end()) throw lorapipe_error(fmt::format("{}: missing {} at layer {} of micro-batch {}", c.dev.name(), k, b, m));
+  const auto w0 = clock_type::now();
   auto t = it->second.get();
+  c.waited_s += std::chrono::duration<double>(clock_type::now() - w0).count();
   c.local.erase(it);
   return t;
 }
@@ -110,12 +112,15 @@ const stage_weights& impl::stage_w(worker_ctx& c, int32_t s) {
   auto& weights = on_device[c.d];
   auto it = weights.find(s);
   if (it == weights.end()) throw lorapipe_error(fmt::format("{}: stage {} computes without PREFETCH_WEIGHTS", c.dev.name(), s));
+  const auto w0 = clock_type::now();
   it->second.ready.get();
+  c.waited_s += std::chrono::duration<double>(clock_type::now() - w0).count();
   return *it->second.weights;
 }
 
-// A compute instruction: opens the gate of messages waiting to be uploaded here, runs, is traced,
-// then waits for the outgoing copies issued before it began.
+// A compute instruction: opens the gate of messages waiting to be uploaded here, runs, is traced
+// (without the time it waited for its inputs), then waits for the outgoing copies issued before it
+// began.
 void impl::timed(worker_ctx& c, const instr& in, const std::function<void()>& fn) {
   const auto before = std::move(c.outgoing);
   c.outgoing.clear();
@@ -134,12 +139,15 @@ void impl::timed(worker_ctx& c, const instr& in, const std::function<void()>& fn
     }
   }
   for (auto& submit : open) submit();
+  c.waited_s = 0;
   const auto a = clock_type::now();
   fn();
+  c.dev.pace_compute(std::chrono::duration<double>(clock_type::now() - a).count() - c.waited_s);
   const auto b = clock_type::now();
   {
+    // The interval starts once the inputs were there: its length is the compute alone.
     std::lock_guard lock(mu);
-    trace.push_back({c.d, in, std::chrono::duration<double>(a - t0).count(), std::chrono::duration<double>(b - t0).count()});
+    trace.push_back({c.d, in, std::chrono::duration<double>(a - t0).count() + c.waited_s, std::chrono::duration<double>(b - t0).count()});
   }
   for (const auto& f : before) f.wait();  // a failed copy reports through fail_on
 }

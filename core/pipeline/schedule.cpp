@@ -352,27 +352,37 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+int32_t schedule_stage_count(const std::string& name, int32_t n_layers, const schedule_options& o) {
+  if (name == "gpipe") return std::min(n_layers, o.devices);
+  if (name == "interleaved") return o.devices * o.virtual_stages;
+  // Round-robin: forward stages ~3x the layers of backward stages (backward with recompute costs ~3x forward).
+  if (name == "round-robin") return std::max(1, std::min(n_layers, (n_layers + 2) / 3));
+  return o.devices;
+}
+
 result<program> make_schedule(const std::string& name, int32_t n_layers, const schedule_options& o) {
-  if (name == "gpipe") return make_gpipe(even_partition(n_layers, std::min(n_layers, o.devices)), o);
-  if (name == "1f1b") {
-    if (n_layers < o.devices) return make_error("1f1b: {} layers cannot fill {} devices", n_layers, o.devices);
-    return make_1f1b(even_partition(n_layers, o.devices), o);
-  }
-  if (name == "interleaved") {
-    if (n_layers < o.devices * o.virtual_stages)
+  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "round-robin";
+  if (!known) return make_error("parallel.schedule: unknown schedule '{}' (gpipe, 1f1b, interleaved, round-robin)", name);
+  const int32_t n_stages = schedule_stage_count(name, n_layers, o);
+  std::vector<stage_def> stages;
+  if (o.stage_layers.empty()) {
+    if (name == "1f1b" && n_layers < o.devices) return make_error("1f1b: {} layers cannot fill {} devices", n_layers, o.devices);
+    if (name == "interleaved" && n_layers < n_stages)
       return make_error("interleaved: {} layers cannot fill {} x {} stages", n_layers, o.devices, o.virtual_stages);
-    return make_interleaved(even_partition(n_layers, o.devices * o.virtual_stages), o);
+    stages = even_partition(n_layers, n_stages);
+  } else {
+    if (static_cast<int32_t>(o.stage_layers.size()) != n_stages)
+      return make_error("{}: the partition has {} stages, the schedule needs {}", name, o.stage_layers.size(), n_stages);
+    LP_TRY_ASSIGN(p, partition_from_sizes(n_layers, o.stage_layers));
+    stages = std::move(p);
   }
-  if (name == "round-robin") {
-    // Forward stages ~3x the layers of backward stages (backward with recompute costs ~3x forward).
-    const int32_t fwd_stages = std::max(1, std::min(n_layers, (n_layers + 2) / 3));
-    auto fwd = even_partition(n_layers, fwd_stages);
-    const int32_t tail_first = fwd.back().first_layer;
-    std::vector<stage_def> bwd;
-    for (int32_t l = 0; l < tail_first; ++l) bwd.push_back({l, l + 1, l == 0, false});
-    return make_round_robin(fwd, bwd, o);
-  }
-  return make_error("parallel.schedule: unknown schedule '{}' (gpipe, 1f1b, interleaved, round-robin)", name);
+  if (name == "gpipe") return make_gpipe(stages, o);
+  if (name == "1f1b") return make_1f1b(stages, o);
+  if (name == "interleaved") return make_interleaved(stages, o);
+  const int32_t tail_first = stages.back().first_layer;
+  std::vector<stage_def> bwd;
+  for (int32_t l = 0; l < tail_first; ++l) bwd.push_back({l, l + 1, l == 0, false});
+  return make_round_robin(stages, bwd, o);
 }
 
 std::string instr_to_text(const instr& i) {

@@ -230,6 +230,7 @@ class sim_run {
       if (!has(k)) return false;
       start = std::max(start, ready_[k]);
     }
+    if (static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0) cost /= c_.device_speed[d];
     started_ = ds.last_start = start;
     ++ds.computes;
     ds.clock = ended_ = start + cost;
@@ -530,13 +531,18 @@ sim_result simulate(const program& p, const sim_costs& c) {
 
 sim_costs with_measured_compute(const program& p, sim_costs c, const std::vector<sim_interval>& measured) {
   std::map<std::pair<op, int32_t>, std::vector<double>> times;  // (kind, stage) -> seconds
-  for (const auto& m : measured) times[{m.in.kind, m.in.stage}].push_back(m.end_s - m.start_s);
+  // Normalised to a speed-1 device: simulate divides by the speed of the device that runs it.
+  const auto speed = [&](int32_t d) {
+    return static_cast<size_t>(d) < c.device_speed.size() && c.device_speed[d] > 0 ? c.device_speed[d] : 1.0;
+  };
+  for (const auto& m : measured) times[{m.in.kind, m.in.stage}].push_back((m.end_s - m.start_s) * speed(m.device));
   const auto median = [&](op k, int32_t s, double& out) {
     auto it = times.find({k, s});
     if (it == times.end() || it->second.empty()) return;
-    auto& v = it->second;
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    out = v[v.size() / 2];
+    auto v = it->second;  // the median; of an even count, the mean of the middle two
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    out = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   };
   c.forward_s.resize(p.stages.size());
   c.backward_s.resize(p.stages.size());

@@ -16,6 +16,9 @@ struct sim_costs {
   std::vector<double> forward_s;    // per stage, one micro-batch
   std::vector<double> backward_s;   // per stage, one micro-batch (without recompute)
   std::vector<double> recompute_s;  // per stage, one micro-batch (0 = same as forward)
+  // Relative compute speed per device (empty or missing = 1): a compute on device d takes its
+  // stage's time / device_speed[d] (the stage times are those of a speed-1 device).
+  std::vector<double> device_speed;
   std::vector<double> weight_bytes;  // per stage
   double act_bytes = 0;             // one boundary activation (or gradient) of one micro-batch
   double stash_bytes_per_layer = 0;  // autograd graph kept per layer per micro-batch
@@ -98,7 +101,8 @@ struct sim_result {
 sim_result simulate(const program& p, const sim_costs& c);
 
 // Costs with compute times measured on the devices: each stage's forward, backward and recompute
-// time becomes the median of `measured` (a step's trace of F, B and R) where the stage has one.
+// time becomes the median of `measured` (a step's trace of F, B and R) where the stage has one,
+// each measurement scaled by its device's c.device_speed to a speed-1 time.
 // What the memory plan and the step-time prediction use once a step has run (a profile).
 sim_costs with_measured_compute(const program& p, sim_costs c, const std::vector<sim_interval>& measured);
 

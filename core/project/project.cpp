@@ -5,6 +5,9 @@
 #include "core/base/hash.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <initializer_list>
 #include <set>
 #include <sstream>
@@ -226,6 +229,8 @@ status validate_project(const project_config& c) {
   need(c.parallel.transport == "auto" || c.parallel.transport == "host" || c.parallel.transport == "peer" ||
            c.parallel.transport == "nccl",
        "parallel.transport", "must be auto, host, peer or nccl");
+  if (auto sizes = partition_sizes(c); !sizes) p.push_back(sizes.message());
+  if (auto speeds = device_speeds(c); !speeds) p.push_back(speeds.message());
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
        "must be stage or layer");
   need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");
@@ -251,6 +256,51 @@ status validate_project(const project_config& c) {
 int64_t device_count(const std::string& spec) {
   auto d = parse_device_spec(spec);
   return d ? d->count() : 0;
+}
+
+namespace {
+// "a,b,c" as numbers (spaces allowed), or nullopt when one is not a number.
+std::optional<std::vector<double>> number_list(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) return std::nullopt;
+    const std::string v = item.substr(b, e - b + 1);
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() + v.size() || !std::isfinite(x)) return std::nullopt;
+    out.push_back(x);
+  }
+  if (out.size() != static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1) return std::nullopt;  // "3,"
+  return out;
+}
+}  // namespace
+
+result<std::vector<int32_t>> partition_sizes(const project_config& c) {
+  const std::string& p = c.parallel.partition;
+  if (p == "auto" || p == "even") return std::vector<int32_t>{};
+  const auto list = number_list(p);
+  std::vector<int32_t> out;
+  if (list && !list->empty())
+    for (double x : *list) {
+      if (x < 1 || x > 1e6 || x != std::floor(x)) return make_error("parallel.partition: '{}': every stage needs a whole number of layers, at least 1", p);
+      out.push_back(static_cast<int32_t>(x));
+    }
+  if (out.empty()) return make_error("parallel.partition: '{}' must be auto, even or layer counts per stage like 3,2", p);
+  return out;
+}
+
+result<std::vector<double>> device_speeds(const project_config& c) {
+  const int64_t n = std::max<int64_t>(1, device_count(c.parallel.devices));
+  if (c.parallel.device_speeds.empty()) return std::vector<double>(static_cast<size_t>(n), 1.0);
+  const auto list = number_list(c.parallel.device_speeds);
+  if (!list || static_cast<int64_t>(list->size()) != n)
+    return make_error("parallel.device_speeds: '{}' must list one speed per device ({} for {})", c.parallel.device_speeds, n,
+                      c.parallel.devices);
+  for (double x : *list)
+    if (x < 0.01 || x > 100) return make_error("parallel.device_speeds: {} is out of range (0.01 .. 100)", x);
+  return *list;
 }
 
 std::string project_to_json(const project_config& c) {
@@ -350,7 +400,12 @@ std::string config_hash(const project_config& cfg) {
   project_config c = with_absolute_paths(cfg);
   c.run.output_dir.clear();
   c.run.database.clear();
-  const std::string text = project_to_json(c);
+  // Fields added after schema 2 leave the hash alone at their defaults (checkpoints written before
+  // them still resume).
+  json j = json::parse(project_to_json(c));
+  if (c.parallel.partition == "auto") j["parallel"].erase("partition");
+  if (c.parallel.device_speeds.empty()) j["parallel"].erase("device_speeds");
+  const std::string text = j.dump(2) + "\n";
   return sha256_hex(text.data(), text.size());
 }
 

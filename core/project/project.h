@@ -66,6 +66,8 @@ struct project_config {
     int64_t virtual_stages = 2;
     int64_t threads_per_device = 1;
     std::string transport = "auto";
+    std::string partition = "auto";
+    std::string device_speeds;
   } parallel;
   struct {
     bool stream_weights = true;
@@ -141,6 +143,12 @@ void visit_fields(C& c, F&& f) {
   f("parallel.transport", c.parallel.transport,
     "How tensors cross between stages, chosen per link and logged: auto (peer copy where the GPUs allow it, else host-staged), "
     "host (through exact-size pinned host memory), peer (device to device), nccl (CUDA, distinct GPUs).");
+  f("parallel.partition", c.parallel.partition,
+    "Layers per stage: auto (the planner balances stages by their predicted time on each device's speed), even, or a list "
+    "like 3,2 (one count per stage: devices stages, x virtual_stages for interleaved, the forward stages for round-robin).");
+  f("parallel.device_speeds", c.parallel.device_speeds,
+    "Relative compute speed of each device, like 1,0.5 (empty = all 1): CPU virtual devices run at it; the planner balances "
+    "stages by it.");
   f("offload.stream_weights", c.offload.stream_weights, "Pipelines: upload frozen weights per stage and free them after use (else keep them resident).");
   f("offload.activations", c.offload.activations, "Pipelines: move stage-boundary checkpoints to host memory between forward and backward.");
   f("offload.recompute", c.offload.recompute, "Pipelines: recompute each stage before its backward (bound schedules; round-robin always does).");
@@ -181,6 +189,10 @@ project_config with_absolute_paths(const project_config& c);
 std::string config_hash(const project_config& cfg);
 // Number of devices in a parallel.devices spec ("cpu", "cpu:N", "cuda:I,J,..."); 0 when malformed.
 int64_t device_count(const std::string& spec);
+// parallel.partition as layer counts per stage (empty for auto and even), or an error naming the field.
+result<std::vector<int32_t>> partition_sizes(const project_config& c);
+// parallel.device_speeds for each of the project's devices (1 where not given), or an error naming the field.
+result<std::vector<double>> device_speeds(const project_config& c);
 // One field as a front-end shows it (the CLI's `init --fields` table, the GUI's project form),
 // all from visit_fields() plus the unit and choice tables in project.cpp.
 struct project_field {

@@ -8,6 +8,7 @@
 
 #include "core/base/errors.h"
 #include "core/pipeline/cost_model.h"
+#include "core/pipeline/partition_search.h"
 #include "core/pipeline/transport.h"
 
 namespace lorapipe {
@@ -38,6 +39,12 @@ plan_event describe_plan(const program& prog, const std::vector<compute_device*>
   return pe;
 }
 
+std::string stage_layer_text(const program& p) {
+  std::vector<int32_t> sizes;
+  for (const auto& st : p.stages) sizes.push_back(st.last_layer - st.first_layer);
+  return partition_text(sizes);
+}
+
 }  // namespace
 
 result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
@@ -49,11 +56,13 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   dopts.pinned_budget_bytes = static_cast<size_t>(cfg.offload.pinned_memory_gb * 1e9);
   dopts.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
   dopts.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
+  LP_TRY_ASSIGN(speeds, device_speeds(cfg));
+  dopts.speed = speeds;
   LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts));
   rig.devices = std::move(devs);
   const schedule_options so = schedule_options_of(cfg);
-  auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(w.cfg.num_layers), so);
-  if (!prog) return make_error("parallel.schedule: {}", prog.message());
+  auto prog = project_program(cfg, w.cfg, auto_schedule_gflops);
+  if (!prog) return prog.err();
   const auto check = simulate(*prog, uniform_costs(*prog, 1.0, 2.0));
   if (!check.ok) return make_error("parallel.schedule: generated program is invalid: {}\n{}", check.error, check.grid);
   std::vector<compute_device*> raw;
@@ -71,8 +80,8 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
     LP_TRY(enable_nccl(raw, nc.rendezvous));
   }
   obs.on_event(log_event{log_event::level::info,
-                         fmt::format("pipeline: {} on {} ({} stages, {} micro-batches; weights {}, activations {})", prog->schedule,
-                                     cfg.parallel.devices, prog->stages.size(), prog->micro_batches,
+                         fmt::format("pipeline: {} on {} ({} stages of {} layers, {} micro-batches; weights {}, activations {})",
+                                     prog->schedule, cfg.parallel.devices, prog->stages.size(), stage_layer_text(*prog), prog->micro_batches,
                                      so.stream_weights ? "streamed" : "resident", so.offload_activations ? "offloaded" : "on device")});
   obs.on_event(log_event{log_event::level::info, "transports: " + describe_transports(links, facts)});
   pipeline_options po = base;

@@ -302,6 +302,25 @@ def main():
         check("train --devices cpu:2 with schedule auto trains the planner's choice",
               rc == 0 and chosen == cands[0]["schedule"] and rec["parallel"]["micro_batches"] == cands[0]["micro_batches"]
               and f"pipeline: {chosen} on cpu:2" in err, err[-600:])
+        # A device at half speed: the planner gives it fewer layers, and the trainer runs that partition.
+        hp = json.load(open(os.path.join(t, "p.json")))
+        hp["parallel"].update({"devices": "cpu:2", "schedule": "1f1b", "device_speeds": "1,0.5"})
+        json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
+        rc, plan_out, err = run(cli, "plan", os.path.join(t, "hp.json"), "--json")
+        part = json.loads(plan_out).get("partition", {}) if rc == 0 else {}
+        check("plan with device_speeds 1,0.5 balances the layers toward the fast device",
+              rc == 0 and part.get("how") == "balanced" and part["layers"][0] > part["layers"][1]
+              and part["step_seconds"] < part["even_step_seconds"], plan_out[-800:] + err)
+        rc, _, err = run(cli, "train", os.path.join(t, "hp.json"), "--steps", "2", "--output", os.path.join(t, "run_het"), "--threads", "2")
+        check("train with device_speeds runs the balanced partition",
+              rc == 0 and f"2 stages of {','.join(map(str, part.get('layers', [])))} layers" in err, err[-600:])
+        hp["parallel"]["partition"] = "2,2,1"
+        json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
+        expect_clean_error(cli, "partition with the wrong stage count", ["plan", os.path.join(t, "hp.json")],
+                           "parallel.partition: '2,2,1' has 3 stages; 1f1b on 2 device(s) needs 2")
+        hp["parallel"]["partition"] = "4,x"
+        json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
+        expect_clean_error(cli, "multi: malformed partition", ["validate", os.path.join(t, "hp.json")], "parallel.partition: '4,x'")
         rc, _, err = run(cli, "train", os.path.join(t, "p.json"), "--steps", "2", "--output", os.path.join(t, "run3"),
                          "--devices", "cpu:2", "--schedule", "1f1b", "--transport", "peer", "--threads", "2")
         check("train --transport peer (logged per link)", rc == 0 and "cpu:0 -> cpu:1 peer" in err and "cpu:1 -> cpu:0 peer" in err, err[-600:])

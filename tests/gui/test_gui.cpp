@@ -351,6 +351,7 @@ void GuiTest::mainFlow() {
   plan->findChild<QSpinBox*>("planMicroBatches")->setValue(4);
   QTRY_VERIFY_WITH_TIMEOUT(!plan->busy() && plan->gantt()->rowCount() == 2 && plan->links()->rowCount() == 2, 20000);
   QVERIFY2(plan->summary().contains("bubble ratio"), qPrintable(plan->summary()));
+  QVERIFY2(plan->summary().contains("Layers per stage: <b>") && plan->summary().contains("cpu:1 ×1"), qPrintable(plan->summary()));
   QCOMPARE(project->config().parallel.devices, std::string("cpu:2"));
   QVERIFY(std::any_of(plan->gantt()->bars().begin(), plan->gantt()->bars().end(), [](const GanttBar& b) { return b.kind == BarKind::Backward && b.row == 1; }));
   QVERIFY(w.isWindowModified());

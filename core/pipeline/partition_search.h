@@ -1,0 +1,46 @@
+// The layer partition of a project's pipeline: which contiguous layers each stage runs. `auto`
+// balances stages by their predicted time on the speed of the device that runs them (HetPipe-style
+// balancing for devices of different speed): a min-max dynamic programme over per-layer costs gives
+// a start, then the simulator (with the memory plan when offload.device_memory_mb is set) refines it
+// by moving one layer across a boundary at a time. Torch-free; shared by `plan`, `auto`, the trainer
+// and the GUI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/result.h"
+#include "core/pipeline/schedule.h"
+#include "core/project/llama_config.h"
+#include "core/project/project.h"
+
+namespace lorapipe {
+
+// Contiguous partition of layer costs `layer_s` into stage_speed.size() stages of at least one layer
+// each, minimising the largest stage time (sum of its layers' costs, plus embed_s on the first and
+// head_s on the last stage, divided by the stage's speed); among those, the one with the smallest sum
+// of squared stage times, then the one whose earlier stages take more layers (as even_partition
+// does). Needs layer_s.size() >= stages >= 1.
+std::vector<int32_t> min_max_partition(const std::vector<double>& layer_s, double embed_s, double head_s,
+                                       const std::vector<double>& stage_speed);
+
+struct partition_choice {
+  std::vector<int32_t> sizes;   // layers per stage (make_schedule's stage_layers)
+  std::string how;              // "even", "balanced" or "given"
+  double step_s = 0;            // simulated step with these sizes
+  double even_step_s = 0;       // simulated step with the even partition (0 when it is not possible)
+};
+// parallel.partition for the project's (resolved, pipelined) schedule: given sizes, the even
+// partition, or for auto the balanced one when the simulator predicts it at least 2% faster than
+// even (else even: the partition every schedule was tested with). Errors name parallel.partition.
+result<partition_choice> choose_partition(const project_config& cfg, const llama_config& mc, double gflops);
+
+// The project's program: the schedule generator with choose_partition's sizes (a single-device
+// project: one gpipe stage over every layer).
+result<program> project_program(const project_config& cfg, const llama_config& mc, double gflops);
+
+// "3,2" for {3, 2}.
+std::string partition_text(const std::vector<int32_t>& sizes);
+
+}  // namespace lorapipe

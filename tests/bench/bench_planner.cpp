@@ -1,0 +1,196 @@
+// lorapipe_bench_planner: the planner against measurement on CPU virtual devices with throttled copy
+// engines, on a synthetic Llama (random weights in memory). Everything is measured side by side in one
+// run: configurations take turns step by step, so slow drifts of the shared machine hit all alike.
+//
+// 1. Devices of different speed: cpu:1 at half speed (parallel.device_speeds 1,0.5), 1F1B; the even
+//    partition against the one choose_partition balances (measured step medians and their ratio).
+// 2. Step time and choice: a grid of configurations (every schedule x micro-batch counts x weights
+//    streamed or resident) on two devices. Each is profiled by two steps after a warm-up (stage compute
+//    medians, with_measured_compute) and predicted by the simulator; then all are measured. Prints predicted
+//    vs measured per configuration, the planner's pick (smallest profiled prediction) against the
+//    fastest measured, and what the FLOP-only model (`auto` before any profile) would have picked.
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "core/pipeline/cost_model.h"
+#include "core/pipeline/partition_search.h"
+#include "core/pipeline/pipeline_executor.h"
+#include "core/pipeline/schedule_sim.h"
+#include "core/pipeline/transport.h"
+#include "tests/synthetic_llama.h"
+
+using namespace lorapipe;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One configuration: its project settings, program, devices and executor, stepped on demand.
+struct rig {
+  std::string label;
+  project_config cfg;
+  program prog;
+  std::vector<std::unique_ptr<compute_device>> devs;
+  lora_adapters lora;
+  std::unique_ptr<pipeline_executor> ex;
+  std::vector<micro_batch> mbs;
+  std::vector<double> times;
+  std::vector<sim_interval> profile;  // compute instructions of the profiling steps
+  double flop_predicted_s = 0, profiled_predicted_s = 0;
+
+  rig(std::string name, const project_config& c, program p, const llama_weights& w) : label(std::move(name)), cfg(c), prog(std::move(p)) {
+    cpu_device_options o;
+    o.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
+    o.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
+    o.speed = device_speeds(cfg).value();
+    std::vector<compute_device*> raw;
+    for (int i = 0; i < prog.num_devices(); ++i) {
+      devs.push_back(std::make_unique<cpu_device>(i, o));
+      raw.push_back(devs.back().get());
+    }
+    lora_config lc;
+    lc.r = cfg.lora.r;
+    lora = init_lora(w, lc, 1);
+    pipeline_options po;
+    po.transports = choose_transports(prog, facts_of(raw), "host", nullptr).value();
+    po.watchdog_s = 0;
+    ex = std::make_unique<pipeline_executor>(w, lora, prog, raw, adamw_config{}, po);
+    torch::manual_seed(1);
+    const int64_t rows = cfg.run.batch_size / prog.micro_batches;
+    for (int m = 0; m < prog.micro_batches; ++m) {
+      auto t = torch::randint(0, w.cfg.vocab_size, {rows, cfg.data.seq_len + 1}, torch::kLong);  // i64 [rows, T+1]
+      mbs.push_back({t.slice(1, 0, cfg.data.seq_len).contiguous(), t.slice(1, 1).contiguous()});
+    }
+    const sim_costs flop = estimate_costs(prog, w.cfg, cfg, auto_schedule_gflops);
+    flop_predicted_s = simulate(prog, flop).makespan_s;
+    step(false);  // warm-up: resident weights get uploaded here, allocators and caches settle
+    for (int i = 0; i < 2; ++i)  // the profile: two steps' compute instructions
+      for (const auto& t : step(false).trace) profile.push_back({t.device, 0, t.in, t.start_s, t.end_s});
+    profiled_predicted_s = simulate(prog, with_measured_compute(prog, flop, profile)).makespan_s;
+  }
+  pipeline_step_result step(bool record = true) {
+    auto r = ex->step(mbs, 1e-4, 1.0);
+    if (!r) {
+      fmt::print(stderr, "error: {}: {}\n", label, r.message());
+      std::exit(1);
+    }
+    if (record) times.push_back(r->seconds);
+    return std::move(*r);
+  }
+};
+
+void step_all(std::vector<std::unique_ptr<rig>>& rigs, int steps) {
+  for (int i = 0; i < steps; ++i)
+    for (auto& r : rigs) r->step();
+}
+
+std::string sizes_of(const program& p) {
+  std::vector<int32_t> s;
+  for (const auto& st : p.stages) s.push_back(st.last_layer - st.first_layer);
+  return partition_text(s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"planner against measurement on CPU virtual devices"};
+  int steps = 7, layers = 8;
+  int64_t dim = 256, seq = 128, batch = 8;
+  double gbps = 1.0;
+  bool skip_grid = false;
+  app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
+  app.add_option("--layers", layers);
+  app.add_option("--dim", dim);
+  app.add_option("--seq-len", seq);
+  app.add_option("--batch", batch);
+  app.add_option("--copy-gbps", gbps, "Copy engine throttle of every device");
+  app.add_flag("--no-grid", skip_grid, "Only the devices-of-different-speed part");
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(1);
+  const llama_config mc = synthetic_llama_config(dim, dim * 8 / 3 / 64 * 64, layers, 4096);
+  const llama_weights w = random_llama(mc);
+
+  project_config base;
+  base.model.dtype = "float32";
+  base.parallel.devices = "cpu:2";
+  base.parallel.micro_batches = 4;
+  base.run.batch_size = batch;
+  base.data.seq_len = seq;
+  base.offload.copy_gbps = gbps;
+  fmt::print("Planner bench: synthetic Llama dim {} x {} layers ({:.1f}M params), batch {} x {} tokens, 2 CPU virtual devices "
+             "(1 thread each), copies throttled to {} GB/s\n",
+             dim, layers, mc.num_parameters() / 1e6, batch, seq, gbps);
+
+  // 1. A device at half speed: even against balanced.
+  {
+    project_config het = base;
+    het.parallel.schedule = "1f1b";
+    het.parallel.device_speeds = "1,0.5";
+    const auto choice = choose_partition(het, mc, auto_schedule_gflops).value();
+    project_config even = het;
+    even.parallel.partition = "even";
+    std::vector<std::unique_ptr<rig>> rigs;
+    rigs.push_back(std::make_unique<rig>("even", even, project_program(even, mc, auto_schedule_gflops).value(), w));
+    rigs.push_back(std::make_unique<rig>(choice.how, het, project_program(het, mc, auto_schedule_gflops).value(), w));
+    step_all(rigs, steps);
+    fmt::print("\n1. cpu:1 at half speed (parallel.device_speeds 1,0.5), 1f1b x4, {} measured steps each (alternating)\n", steps);
+    for (const auto& r : rigs)
+      fmt::print("  layers {:<5} ({:<8}): measured {:.3f} s/step; predicted {:.3f} s from FLOPs, {:.3f} s profiled ({:+.1f}%)\n",
+                 sizes_of(r->prog), r->label, median(r->times), r->flop_predicted_s, r->profiled_predicted_s,
+                 100 * (r->profiled_predicted_s / median(r->times) - 1));
+    std::vector<double> ratios;
+    for (size_t i = 0; i < rigs[0]->times.size(); ++i) ratios.push_back(rigs[0]->times[i] / rigs[1]->times[i]);
+    fmt::print("  balanced is {:.1f}% faster than even (median step {:.3f} vs {:.3f} s; per-step ratios even/balanced {:.2f})\n",
+               100 * (1 - median(rigs[1]->times) / median(rigs[0]->times)), median(rigs[1]->times), median(rigs[0]->times),
+               fmt::join(ratios, " "));
+  }
+  if (skip_grid) return 0;
+
+  // 2. The grid: every schedule x {2, 4} micro-batches x weights streamed / resident.
+  std::vector<std::unique_ptr<rig>> rigs;
+  for (const auto& name : schedule_names())
+    for (int64_t m : {2, 4})
+      for (bool stream : {true, false}) {
+        project_config c = base;
+        c.parallel.schedule = name;
+        c.parallel.micro_batches = m;
+        c.offload.stream_weights = stream;
+        auto p = project_program(c, mc, auto_schedule_gflops);
+        if (!p) {
+          fmt::print("  {} x{} {}: not possible: {}\n", name, m, stream ? "streamed" : "resident", p.message());
+          continue;
+        }
+        rigs.push_back(std::make_unique<rig>(fmt::format("{} x{} {}", name, m, stream ? "streamed" : "resident"), c, std::move(*p), w));
+      }
+  step_all(rigs, steps);
+  fmt::print("\n2. {} configurations on 2 devices at equal speed, {} measured steps each (round-robin over configurations)\n", rigs.size(), steps);
+  fmt::print("  {:<28} {:>9} {:>11} {:>8} {:>10}\n", "configuration", "measured", "profiled", "error", "FLOP model");
+  double worst = 0;
+  const rig *fastest = nullptr, *pick = nullptr, *flop_pick = nullptr;
+  for (const auto& r : rigs) {
+    const double m = median(r->times), err = r->profiled_predicted_s / m - 1;
+    worst = std::max(worst, std::abs(err));
+    fmt::print("  {:<28} {:>7.3f} s {:>9.3f} s {:>+7.1f}% {:>8.3f} s\n", r->label + " [" + sizes_of(r->prog) + "]", m, r->profiled_predicted_s,
+               100 * err, r->flop_predicted_s);
+    if (!fastest || m < median(fastest->times)) fastest = r.get();
+    if (!pick || r->profiled_predicted_s < pick->profiled_predicted_s) pick = r.get();
+    if (!flop_pick || r->flop_predicted_s < flop_pick->flop_predicted_s) flop_pick = r.get();
+  }
+  if (!fastest) return 0;
+  fmt::print("  step-time prediction from the profile: worst error {:.1f}% over {} configurations\n", 100 * worst, rigs.size());
+  fmt::print("  fastest measured: {} ({:.3f} s); planner's pick (profiled): {} ({:.3f} s measured, {:+.1f}% from the fastest); "
+             "FLOP-only pick: {} ({:+.1f}%)\n",
+             fastest->label, median(fastest->times), pick->label, median(pick->times),
+             100 * (median(pick->times) / median(fastest->times) - 1), flop_pick->label,
+             100 * (median(flop_pick->times) / median(fastest->times) - 1));
+  return 0;
+}

@@ -1,0 +1,230 @@
+// Partitions balanced by device speed (core/pipeline/partition_search.h): the min-max dynamic
+// programme against brute force, the simulator's device speeds, choose_partition on a project with a
+// slow device, the partition and device_speeds fields (validation naming the field, the config hash),
+// and make_schedule with explicit stage sizes.
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/pipeline/cost_model.h"
+#include "core/pipeline/partition_search.h"
+#include "core/pipeline/schedule_sim.h"
+
+using namespace lorapipe;
+
+namespace {
+
+// The largest stage time of `sizes` as min_max_partition defines it.
+double max_stage(const std::vector<double>& layer_s, double embed, double head, const std::vector<double>& speed,
+                 const std::vector<int32_t>& sizes) {
+  double worst = 0;
+  size_t l = 0;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    double t = (s == 0 ? embed : 0) + (s + 1 == sizes.size() ? head : 0);
+    for (int32_t k = 0; k < sizes[s]; ++k) t += layer_s[l++];
+    worst = std::max(worst, t / speed[s]);
+  }
+  return worst;
+}
+
+// Every composition of n into k parts of at least one.
+void compositions(int32_t n, int32_t k, std::vector<int32_t>& cur, const std::function<void(const std::vector<int32_t>&)>& f) {
+  if (k == 1) {
+    cur.push_back(n);
+    f(cur);
+    cur.pop_back();
+    return;
+  }
+  for (int32_t first = 1; first <= n - (k - 1); ++first) {
+    cur.push_back(first);
+    compositions(n - first, k - 1, cur, f);
+    cur.pop_back();
+  }
+}
+
+llama_config synthetic_8_layers() {
+  return parse_llama_config(nlohmann::json{{"model_type", "llama"}, {"hidden_size", 256}, {"intermediate_size", 688},
+                                           {"num_hidden_layers", 8}, {"num_attention_heads", 4}, {"num_key_value_heads", 4},
+                                           {"vocab_size", 4096}, {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-5}},
+                            "synthetic")
+      .value();
+}
+
+project_config two_devices(const std::string& schedule, const std::string& speeds) {
+  project_config cfg;
+  cfg.parallel.devices = "cpu:2";
+  cfg.parallel.schedule = schedule;
+  cfg.parallel.micro_batches = 4;
+  cfg.parallel.device_speeds = speeds;
+  cfg.run.batch_size = 8;
+  cfg.data.seq_len = 128;
+  cfg.offload.copy_gbps = 2;
+  return cfg;
+}
+
+}  // namespace
+
+TEST(Partition, MinMaxProgrammeMatchesBruteForce) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> cost(0.5, 2.0), speed(0.25, 2.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t L = 2 + trial % 9, S = 1 + trial % std::min(L, 5);
+    std::vector<double> layers(static_cast<size_t>(L)), speeds(static_cast<size_t>(S));
+    for (auto& x : layers) x = cost(rng);
+    for (auto& x : speeds) x = speed(rng);
+    const double embed = trial % 3 == 0 ? cost(rng) : 0, head = cost(rng) * 2;
+    const auto got = min_max_partition(layers, embed, head, speeds);
+    ASSERT_EQ(got.size(), static_cast<size_t>(S));
+    int32_t total = 0;
+    for (int32_t x : got) {
+      EXPECT_GE(x, 1);
+      total += x;
+    }
+    EXPECT_EQ(total, L);
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int32_t> cur;
+    compositions(L, S, cur, [&](const std::vector<int32_t>& c) { best = std::min(best, max_stage(layers, embed, head, speeds, c)); });
+    EXPECT_DOUBLE_EQ(max_stage(layers, embed, head, speeds, got), best) << "trial " << trial << ": " << partition_text(got);
+  }
+  // Equal costs and speeds: the even partition, earlier stages taking the remainder.
+  EXPECT_EQ(min_max_partition(std::vector<double>(7, 1.0), 0, 0, {1, 1, 1}), (std::vector<int32_t>{3, 2, 2}));
+  // A device at half speed gets about a third of the layers.
+  EXPECT_EQ(min_max_partition(std::vector<double>(9, 1.0), 0, 0, {1, 0.5}), (std::vector<int32_t>{6, 3}));
+}
+
+TEST(Partition, SimulatorRunsASlowDeviceAtItsSpeed) {
+  const program p = make_schedule("1f1b", 4, schedule_options{2, 4, 2, false, false, false}).value();
+  sim_costs c = uniform_costs(p, 1.0, 2.0);
+  const sim_result same = simulate(p, c);
+  c.device_speed = {1.0, 0.5};
+  const sim_result slow = simulate(p, c);
+  ASSERT_TRUE(same.ok && slow.ok);
+  EXPECT_DOUBLE_EQ(slow.busy_s[0], same.busy_s[0]);
+  EXPECT_DOUBLE_EQ(slow.busy_s[1], 2 * same.busy_s[1]);
+  EXPECT_GT(slow.makespan_s, same.makespan_s * 1.5);
+  // A measured trace from the slow device is normalised back to speed-1 stage times.
+  const sim_costs measured = with_measured_compute(p, c, slow.timeline);
+  EXPECT_DOUBLE_EQ(measured.forward_s[1], 1.0);
+  EXPECT_DOUBLE_EQ(measured.backward_s[1], 2.0);
+}
+
+TEST(Partition, MakeScheduleTakesStageSizes) {
+  schedule_options o{2, 4, 2, true, true, true};
+  o.stage_layers = {4, 1};
+  const program p = make_schedule("1f1b", 5, o).value();
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0], (stage_def{0, 4, true, false}));
+  EXPECT_EQ(p.stages[1], (stage_def{4, 5, false, true}));
+  o.stage_layers = {2, 1, 1, 1};
+  EXPECT_EQ(make_schedule("interleaved", 5, o).value().stages[0].last_layer, 2);
+  o.stage_layers = {3, 2};
+  const program rr = make_schedule("round-robin", 5, o).value();  // the forward stages; backward ones per layer below the tail
+  EXPECT_EQ(rr.stages[1], (stage_def{3, 5, false, true}));
+  o.stage_layers = {4, 1};
+  auto bad = make_schedule("interleaved", 5, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("the partition has 2 stages, the schedule needs 4"), std::string::npos) << bad.message();
+  o.stage_layers = {4, 2};
+  EXPECT_NE(make_schedule("1f1b", 5, o).message().find("add up to 6 layers, the model has 5"), std::string::npos);
+}
+
+// One device at half speed: the balanced partition gives the slow device fewer layers and the
+// simulator predicts it at least 15% faster than the even one; "even" and explicit sizes are kept.
+TEST(Partition, BalancesStagesAcrossDevicesOfDifferentSpeed) {
+  const llama_config mc = synthetic_8_layers();
+  for (const std::string schedule : {"1f1b", "gpipe", "interleaved"}) {
+    SCOPED_TRACE(schedule);
+    project_config cfg = two_devices(schedule, "1,0.5");
+    auto pc = choose_partition(cfg, mc, 100);
+    ASSERT_TRUE(pc.ok()) << pc.message();
+    EXPECT_EQ(pc->how, "balanced");
+    EXPECT_LT(pc->step_s, 0.85 * pc->even_step_s) << partition_text(pc->sizes);
+    int32_t fast = 0, slow = 0;
+    for (size_t s = 0; s < pc->sizes.size(); ++s) (s % 2 == 0 ? fast : slow) += pc->sizes[s];
+    EXPECT_GT(fast, slow) << partition_text(pc->sizes);
+    // The program the trainer builds is the one chosen.
+    const program p = project_program(cfg, mc, 100).value();
+    std::vector<int32_t> sizes;
+    for (const auto& st : p.stages) sizes.push_back(st.last_layer - st.first_layer);
+    EXPECT_EQ(sizes, pc->sizes);
+    cfg.parallel.partition = "even";
+    EXPECT_EQ(choose_partition(cfg, mc, 100).value().how, "even");
+  }
+  // Equal speeds: the even partition stays unless balancing gains 2%.
+  auto same = choose_partition(two_devices("1f1b", ""), mc, 100).value();
+  if (same.how == "even") EXPECT_EQ(same.sizes, (std::vector<int32_t>{4, 4}));
+  else EXPECT_LT(same.step_s, 0.98 * same.even_step_s);
+  // The slow device first: the layers move the other way.
+  auto flipped = choose_partition(two_devices("1f1b", "0.5,1"), mc, 100).value();
+  EXPECT_LT(flipped.sizes[0], flipped.sizes[1]) << partition_text(flipped.sizes);
+  project_config given = two_devices("gpipe", "1,0.5");
+  given.parallel.partition = "3,5";
+  auto g = choose_partition(given, mc, 100).value();
+  EXPECT_EQ(g.how, "given");
+  EXPECT_EQ(g.sizes, (std::vector<int32_t>{3, 5}));
+  given.parallel.partition = "2,2,4";
+  auto wrong = choose_partition(given, mc, 100);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("parallel.partition: '2,2,4' has 3 stages; gpipe on 2 device(s) needs 2"), std::string::npos)
+      << wrong.message();
+}
+
+// A memory limit the balanced partition would exceed keeps a partition that fits.
+TEST(Partition, BalancingRespectsTheDeviceMemoryLimit) {
+  const llama_config mc = synthetic_8_layers();
+  project_config cfg = two_devices("1f1b", "1,0.5");
+  cfg.offload.recompute = false;  // graphs of every layer stay: memory follows the layer count
+  cfg.offload.activations = false;
+  const auto free = choose_partition(cfg, mc, 100).value();
+  schedule_options so = schedule_options_of(cfg);
+  const auto peak_of = [&](const std::vector<int32_t>& sizes) {
+    so.stage_layers = sizes;
+    const program p = make_schedule("1f1b", 8, so).value();
+    const sim_costs c = estimate_costs(p, mc, cfg, 100);
+    const memory_plan m = make_memory_plan(p, c, simulate(p, c), memory_inputs_of(p, mc, 4, cfg.lora.r, cfg.lora.targets));
+    return m.devices[0].peak_bytes;
+  };
+  // Cap device 0 just under what the balanced split needs there: it must give up layers.
+  cfg.offload.device_memory_mb = (peak_of(free.sizes) - 1) / 1048576.0;
+  const auto capped = choose_partition(cfg, mc, 100).value();
+  EXPECT_LT(capped.sizes[0], free.sizes[0]) << partition_text(capped.sizes) << " vs " << partition_text(free.sizes);
+  EXPECT_LE(peak_of(capped.sizes), cfg.offload.device_memory_mb * 1048576.0);
+}
+
+TEST(Partition, FieldsAreValidatedByName) {
+  project_config c;
+  c.parallel.devices = "cpu:2";
+  for (const std::string bad : {"abc", "3,", "0,5", "2.5,2", "-1,6"}) {
+    c.parallel.partition = bad;
+    auto r = partition_sizes(c);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.message().rfind("parallel.partition: '" + bad + "'", 0), 0u) << r.message();
+  }
+  c.parallel.partition = " 3, 2 ";
+  EXPECT_EQ(partition_sizes(c).value(), (std::vector<int32_t>{3, 2}));
+  c.parallel.partition = "even";
+  EXPECT_TRUE(partition_sizes(c).value().empty());
+  EXPECT_EQ(device_speeds(c).value(), (std::vector<double>{1, 1}));
+  c.parallel.device_speeds = "1";
+  EXPECT_NE(device_speeds(c).message().find("parallel.device_speeds: '1' must list one speed per device (2 for cpu:2)"), std::string::npos);
+  c.parallel.device_speeds = "1,0";
+  EXPECT_NE(device_speeds(c).message().find("parallel.device_speeds: 0 is out of range"), std::string::npos);
+  c.parallel.device_speeds = "1, 0.5";
+  EXPECT_EQ(device_speeds(c).value(), (std::vector<double>{1, 0.5}));
+  // New fields at their defaults leave the config hash of older projects alone; set, they change it.
+  project_config d;
+  const std::string h = config_hash(d);
+  auto j = nlohmann::json::parse(project_to_json(d));
+  EXPECT_EQ(j["parallel"]["partition"], "auto");
+  d.parallel.partition = "even";
+  EXPECT_NE(config_hash(d), h);
+  d.parallel.partition = "auto";
+  d.parallel.device_speeds = "1";
+  EXPECT_NE(config_hash(d), h);
+  d.parallel.device_speeds.clear();
+  EXPECT_EQ(config_hash(d), h);
+}
