@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <iterator>
 
@@ -21,6 +22,7 @@
 #include "core/base/file_io.h"
 #include "core/engine/build_info.h"
 #include "core/engine/model_session.h"
+#include "core/engine/device_inventory.h"
 #include "core/engine/plan_report.h"
 #include "core/project/llama_config.h"
 #include "core/project/project.h"
@@ -118,13 +120,21 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
 // The plan: the schedule program for the project, checked and simulated with the engine's cost
 // model (core/engine/plan_report.h); printed here.
 int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid, const std::string& devices,
-             const std::string& schedule) {
+             const std::string& schedule, int probe) {
   auto p = load_project(path);
   if (!p) return cli_fail(p.message());
   if (!devices.empty()) p->parallel.devices = devices;
   if (!schedule.empty()) p->parallel.schedule = schedule;
   if (auto st = validate_project(*p); !st) return cli_fail(fmt::format("{} is not valid:\n{}", path, st.message()));
-  auto rep = make_plan(*p, gflops);
+  std::optional<probe_outcome> probed;
+  if (probe > 0) {
+    probe_request req;
+    req.refresh = probe > 1;
+    auto out = probe_project_devices(*p, req);
+    if (!out) return cli_fail(out.message());
+    probed = std::move(*out);
+  }
+  auto rep = make_plan(*p, gflops, probed ? &probed->inventory : nullptr);
   if (!rep) return cli_fail(rep.message());
   const auto& prog = rep->prog;
   const auto& r = rep->sim;
@@ -163,8 +173,22 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
     for (const auto& b : rep->memory.buffers)
       mem["buffers"].push_back({{"name", b.name}, {"home", b.home < 0 ? std::string("host") : rep->devices.at(static_cast<size_t>(b.home)).name},
                                 {"bytes", b.bytes}, {"count", b.count}, {"lifetime", b.lifetime}});
+    if (probed) {
+      j["probe"] = nlohmann::json::parse(inventory_to_json(probed->inventory));
+      j["probe"]["from_cache"] = probed->from_cache;
+      j["probe"]["cache_file"] = probed->cache_file.string();
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
+  }
+  if (probed) {
+    const auto& inv = probed->inventory;
+    std::cout << (probed->from_cache ? fmt::format("devices (probe of {} reused from {}):\n", inv.when, probed->cache_file.string())
+                                     : fmt::format("devices (probed in {:.2f} s with {} MiB copies{}):\n", inv.probe_seconds,
+                                                   inv.probe_bytes >> 20, probed->cache_note.empty() ? "" : "; " + probed->cache_note))
+              << inventory_text(inv)
+              << fmt::format("  the prediction costs copies at {:.2f} GB/s (the slowest measured with every device copying)\n",
+                             with_probed_bandwidth(*p, inv).offload.copy_gbps);
   }
   std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
@@ -200,7 +224,7 @@ int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_gri
                            rep->head_chunk_rows, rep->head_working_bytes / 1048576.0, rep->full_logits_bytes / 1048576.0);
   for (const auto& l : rep->links)
     std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);
-  if (show_grid) std::cout << r.grid;
+  if (show_grid) std::cout << program_grid(prog);
   return 0;
 }
 
@@ -317,11 +341,15 @@ int main(int argc, char** argv) {
 
   std::string plan_path;
   double plan_gflops = 100;
+  bool plan_probe = false, plan_reprobe = false;
   bool plan_json = false, plan_grid = false;
   auto* plan = app.add_subcommand("plan", "Show the pipeline program, its simulated step time, bubbles and memory");
   plan->add_option("project", plan_path, "Project file")->required();
   plan->add_option("--gflops", plan_gflops, "Assumed compute throughput per device (GFLOP/s)")->check(CLI::PositiveNumber);
   plan->add_flag("--json", plan_json, "Machine-readable output");
+  plan->add_flag("--probe", plan_probe, "Probe the devices (memory, PCIe, timed copies alone and all at once, peer copies; cached by "
+                                        "fingerprint) and cost copies at the measured bandwidth");
+  plan->add_flag("--reprobe", plan_reprobe, "As --probe, measuring again even when the cache has these devices");
   plan->add_flag("--grid", plan_grid, "Print the device-by-time grid of the program");
   std::string plan_devices, plan_schedule;
   plan->add_option("--devices", plan_devices, "Override parallel.devices (as train does)");
@@ -375,7 +403,7 @@ int main(int argc, char** argv) {
       std::cout << *report;
       return 0;
     }
-    if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid, plan_devices, plan_schedule);
+    if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid, plan_devices, plan_schedule, plan_reprobe ? 2 : plan_probe ? 1 : 0);
   } catch (const std::exception& e) {  // the engine returns errors as values; this is the last resort
     return cli_fail(e.what());
   }

@@ -30,6 +30,7 @@ class copy_engine {
   double busy_seconds() const;
   size_t bytes_copied() const;
   const std::string& name() const { return name_; }
+  double bytes_per_s() const { return bytes_per_s_; }  // the throttle (0 = none)
 
  private:
   void run();

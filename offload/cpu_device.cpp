@@ -1,6 +1,7 @@
 // CPU virtual devices: see device.h.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <thread>
@@ -31,7 +32,12 @@ cpu_device::cpu_device(int index, const cpu_device_options& o)
       down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s),
       threads_(o.compute_threads),
       fault_(o.copy_fault) {
-  if (static_cast<size_t>(index) < o.speed.size() && o.speed[static_cast<size_t>(index)] > 0) speed_ = o.speed[static_cast<size_t>(index)];
+  // Speeds are relative: the fastest device runs at the host's speed, the others idle to match.
+  if (static_cast<size_t>(index) < o.speed.size() && o.speed[static_cast<size_t>(index)] > 0) {
+    speed_ = o.speed[static_cast<size_t>(index)];
+    const double fastest = *std::max_element(o.speed.begin(), o.speed.end());
+    idle_per_busy_ = fastest / speed_ - 1;
+  }
   staging_ = staging_pool::create(name_ + "/staging", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
 }
 
@@ -62,7 +68,7 @@ at::Tensor cpu_device::copy_from_peer(compute_device&, const at::Tensor& src) {
 void cpu_device::enter_compute_thread() { at::set_num_threads(threads_); }
 
 void cpu_device::pace_compute(double busy_s) {
-  if (speed_ < 1 && busy_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(busy_s * (1 / speed_ - 1)));
+  if (idle_per_busy_ > 0 && busy_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(busy_s * idle_per_busy_));
 }
 
 std::shared_ptr<void> cpu_device::allocate_region(size_t bytes) {

@@ -64,9 +64,10 @@ class compute_device {
   // Called once by the executor's worker thread of this device before it computes.
   virtual void enter_compute_thread() = 0;
   // Called on the worker thread after each compute instruction (F, R, B) that took busy_s: a CPU
-  // virtual device slower than the host (cpu_device_options::speed < 1) idles (1/speed - 1) x busy_s
-  // to model a slower device. No-op elsewhere.
+  // virtual device slower than the fastest of cpu_device_options::speed idles (fastest/speed - 1) x
+  // busy_s to model a slower device. No-op elsewhere.
   virtual void pace_compute(double busy_s) { (void)busy_s; }
+  virtual double compute_speed() const { return 1; }
   // NCCL transport (CUDA builds, after enable_nccl): stream-ordered send to / receive from the
   // pipeline device `peer`, called on this device's worker thread in program order; no host wait
   // (the received tensor is ready for this device's compute stream). Others throw device_error.
@@ -117,8 +118,8 @@ struct cpu_device_options {
   double copy_bytes_per_s = 0;              // per copy engine; 0 = unthrottled
   double copy_latency_s = 0;
   int compute_threads = 1;
-  // Per device (index -> speed; missing = 1): relative compute speed of CPU virtual devices, which
-  // run at the host's speed x this (< 1 = slower; > 1 cannot run faster than the host).
+  // Per device (index -> speed; missing = 1): relative compute speed of CPU virtual devices; the
+  // fastest runs at the host's speed, a device at half its speed takes twice as long.
   std::vector<double> speed;
   // CUDA: host bytes streamed weights may page-lock, shared by the pipeline's devices (0 = half of RAM).
   size_t pinned_budget_bytes = 0;
@@ -146,6 +147,7 @@ class cpu_device final : public compute_device {
   at::Tensor copy_from_peer(compute_device& from, const at::Tensor& src) override;
   void enter_compute_thread() override;
   void pace_compute(double busy_s) override;
+  double compute_speed() const override { return speed_; }
 
  protected:
   std::shared_ptr<void> allocate_region(size_t bytes) override;
@@ -154,6 +156,7 @@ class cpu_device final : public compute_device {
  private:
   std::string name_;
   double speed_ = 1;
+  double idle_per_busy_ = 0;  // fastest speed / this speed - 1
   memory_arena arena_;
   copy_engine wup_, up_, down_;
   int threads_;

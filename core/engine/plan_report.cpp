@@ -1,6 +1,8 @@
 // The plan of a project: see plan_report.h.
 #include "core/engine/plan_report.h"
 
+#include "core/engine/device_inventory.h"
+
 #include "core/model/llama_model.h"
 #include "core/pipeline/cost_model.h"
 #include "offload/device.h"
@@ -21,20 +23,21 @@ result<llama_config> project_model_config(const project_config& cfg) {
 }
 
 result<project_config> resolve_project_schedule(const project_config& cfg) {
-  if (cfg.parallel.schedule != "auto") return cfg;
   LP_TRY_ASSIGN(mc, project_model_config(cfg));
   return resolve_auto_schedule(cfg, mc, auto_schedule_gflops);
 }
 
-result<plan_report> make_plan(const project_config& cfg_in, double gflops) {
+result<plan_report> make_plan(const project_config& cfg_in, double gflops, const device_inventory* probe) {
   try {
     LP_TRY(validate_project(cfg_in));
     LP_TRY_ASSIGN(mc, project_model_config(cfg_in));
     plan_report r;
     r.requested_schedule = cfg_in.parallel.schedule;
+    // The choices are made as the trainer makes them (auto_schedule_gflops, the project's copy
+    // rate), so the plan shows what will run; gflops and the probe only change the prediction.
     project_config cfg = cfg_in;
     if (cfg.parallel.schedule == "auto") {
-      LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, gflops));
+      LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, auto_schedule_gflops));
       cfg.parallel.schedule = choice.schedule;
       if (choice.schedule != "single") cfg.parallel.micro_batches = choice.micro_batches;
       r.schedule_candidates = std::move(choice.candidates);
@@ -42,13 +45,14 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops) {
     const bool pipelined = cfg.parallel.schedule != "single";
     r.gflops = gflops;
     if (pipelined) {
-      LP_TRY_ASSIGN(part, choose_partition(cfg, mc, gflops));
+      LP_TRY_ASSIGN(part, choose_partition(cfg, mc, auto_schedule_gflops));
       r.partition = std::move(part);
     }
     LP_TRY_ASSIGN(speeds, device_speeds(cfg));
     r.device_speeds = pipelined ? speeds : std::vector<double>{1.0};
-    LP_TRY_ASSIGN(prog, project_program(cfg, mc, gflops));
+    LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, r.partition.sizes));
     r.prog = std::move(prog);
+    if (probe != nullptr) cfg = with_probed_bandwidth(cfg, *probe);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     const sim_costs costs = estimate_costs(r.prog, mc, cfg, gflops);
     r.sim = simulate(r.prog, costs);

@@ -12,6 +12,7 @@
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
+#include "offload/device_probe.h"
 #include "core/project/project.h"
 
 namespace lorapipe {
@@ -47,7 +48,9 @@ struct plan_report {
   std::string memory_refusal;
 };
 
-result<plan_report> make_plan(const project_config& cfg, double gflops);
+// The choices (schedule auto, partition auto) are made with the trainer's inputs; `gflops` and the
+// probe's measured copy rate (with_probed_bandwidth), when given, set the prediction.
+result<plan_report> make_plan(const project_config& cfg, double gflops, const device_inventory* probe = nullptr);
 
 // Before a run is recorded: a project whose memory plan exceeds offload.device_memory_mb is
 // refused with check_memory_plan's message (a no-op without a limit). `cfg`'s schedule resolved.
@@ -55,8 +58,8 @@ status check_project_memory(const project_config& cfg);
 
 // The model's config.json (or a llama2.c checkpoint's header) a project names.
 result<llama_config> project_model_config(const project_config& cfg);
-// The project with parallel.schedule "auto" resolved (choose_schedule at auto_schedule_gflops);
-// unchanged for any other schedule. What a run records and trains.
+// The project with parallel.schedule "auto" and, for a pipeline, parallel.partition "auto" resolved
+// (resolve_auto_schedule at auto_schedule_gflops). What a run records and trains.
 result<project_config> resolve_project_schedule(const project_config& cfg);
 
 }  // namespace lorapipe

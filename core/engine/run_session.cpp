@@ -155,6 +155,9 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
     }
     auto cfg = parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json");
     if (!cfg) return make_error("run {}: stored configuration: {}", run, cfg.message());
+    // Runs recorded before parallel.partition existed trained the even partition (runs record the
+    // partition they chose since).
+    if (rec->config_json.find("\"partition\"") == std::string::npos) cfg->parallel.partition = "even";
     if (auto st = validate_project(*cfg); !st) return make_error("run {} can no longer run:\n{}", run, st.message());
     h.config = *cfg;
     h.checkpoint_root = checkpoint_root_of(rec->output_dir, run);

@@ -96,7 +96,9 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
   const int64_t rows = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches);
   sim_costs c = flop_costs(p, mc, rows, cfg.data.seq_len, compute_element_bytes(cfg), gflops,
                            cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0);
-  if (auto speeds = device_speeds(cfg); speeds && static_cast<int32_t>(speeds->size()) == p.num_devices()) c.device_speed = *speeds;
+  // Speeds matter between pipeline devices (a single-device run is not paced).
+  if (auto speeds = device_speeds(cfg); speeds && p.num_devices() > 1 && static_cast<int32_t>(speeds->size()) == p.num_devices())
+    c.device_speed = *speeds;
   return c;
 }
 
@@ -213,11 +215,18 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
 }
 
 result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, double gflops) {
-  if (cfg.parallel.schedule != "auto") return cfg;
-  LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, gflops));
   project_config out = cfg;
-  out.parallel.schedule = choice.schedule;
-  if (choice.schedule != "single") out.parallel.micro_batches = choice.micro_batches;
+  if (cfg.parallel.schedule == "auto") {
+    LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, gflops));
+    out.parallel.schedule = choice.schedule;
+    if (choice.schedule != "single") out.parallel.micro_batches = choice.micro_batches;
+  }
+  // The layers per stage are recorded too: a resume (or another version of the planner) trains the
+  // same partition.
+  if (out.parallel.schedule != "single" && out.parallel.partition == "auto") {
+    LP_TRY_ASSIGN(part, choose_partition(out, mc, gflops));
+    out.parallel.partition = partition_text(part.sizes);
+  }
   return out;
 }
 

@@ -85,7 +85,8 @@ struct schedule_choice {
   std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others
 };
 result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, double gflops);
-// The project with "auto" replaced by choose_schedule's choice (unchanged for any other schedule).
+// The project with schedule "auto" replaced by choose_schedule's choice and, for a pipeline, partition
+// "auto" by choose_partition's layer counts (what a run records and trains).
 result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, double gflops);
 // The throughput the automatic choice assumes (per device; the ranking depends on the ratio of
 // compute to copy time, which offload.copy_gbps sets).

@@ -3,8 +3,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <cmath>
 #include <limits>
-#include <numeric>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -17,10 +18,16 @@ namespace lorapipe {
 std::vector<int32_t> min_max_partition(const std::vector<double>& layer_s, double embed_s, double head_s,
                                        const std::vector<double>& stage_speed) {
   const int32_t L = static_cast<int32_t>(layer_s.size()), S = static_cast<int32_t>(stage_speed.size());
+  // Costs in units of the cheapest layer, so that sums of equal stages compare equal whatever their
+  // magnitude (FLOPs are ~1e12); a candidate must then beat the best by more than rounding.
+  double unit = 0;
+  for (double x : layer_s)
+    if (x > 0 && (unit == 0 || x < unit)) unit = x;
+  if (unit == 0) unit = 1;
   std::vector<double> prefix(static_cast<size_t>(L) + 1, 0.0);
-  std::partial_sum(layer_s.begin(), layer_s.end(), prefix.begin() + 1);
+  for (int32_t l = 0; l < L; ++l) prefix[static_cast<size_t>(l) + 1] = prefix[static_cast<size_t>(l)] + layer_s[static_cast<size_t>(l)] / unit;
   const auto stage_time = [&](int32_t s, int32_t first, int32_t last) {  // layers [first, last) on stage s
-    double t = prefix[last] - prefix[first] + (s == 0 ? embed_s : 0.0) + (s == S - 1 ? head_s : 0.0);
+    double t = prefix[last] - prefix[first] + ((s == 0 ? embed_s : 0.0) + (s == S - 1 ? head_s : 0.0)) / unit;
     return t / stage_speed[static_cast<size_t>(s)];
   };
   constexpr double inf = std::numeric_limits<double>::infinity();
@@ -37,7 +44,7 @@ std::vector<int32_t> min_max_partition(const std::vector<double>& layer_s, doubl
           const double t = stage_time(s - 1, k, l);
           if (best[s - 1][k] == inf || t > limit) continue;
           const double v = combine(best[s - 1][k], t);
-          if (v < best[s][l]) best[s][l] = v, cut[s][l] = k;
+          if (v < best[s][l] * (1 - 1e-12)) best[s][l] = v, cut[s][l] = k;
         }
     return std::make_pair(best[S][L], cut);
   };
@@ -58,24 +65,39 @@ namespace {
 
 constexpr double inf = std::numeric_limits<double>::infinity();
 
-// The simulated step of the project's schedule with `sizes` (inf when it cannot be generated or its
-// memory plan does not fit offload.device_memory_mb).
-double simulated_step(const project_config& cfg, const llama_config& mc, double gflops, const std::vector<int32_t>& sizes) {
-  schedule_options so = schedule_options_of(cfg);
-  so.stage_layers = sizes;
-  auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(mc.num_layers), so);
-  if (!prog) return inf;
-  const sim_costs costs = estimate_costs(*prog, mc, cfg, gflops);
-  const sim_result sim = simulate(*prog, costs);
-  if (!sim.ok) return inf;
-  if (cfg.offload.device_memory_mb > 0) {
-    const memory_plan mem =
-        make_memory_plan(*prog, costs, sim, memory_inputs_of(*prog, mc, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
-    for (const auto& d : mem.devices)
-      if (d.peak_bytes > cfg.offload.device_memory_mb * 1048576.0) return inf;
+// Simulated steps of the project's schedule by partition, each simulated once.
+class step_oracle {
+ public:
+  step_oracle(const project_config& cfg, const llama_config& mc, double gflops) : cfg_(cfg), mc_(mc), gflops_(gflops) {}
+  // inf when the program cannot be generated or its memory plan does not fit offload.device_memory_mb.
+  double operator()(const std::vector<int32_t>& sizes) {
+    auto [it, fresh] = seen_.try_emplace(sizes, inf);
+    if (fresh) it->second = simulate_step(sizes);
+    return it->second;
   }
-  return sim.makespan_s;
-}
+
+ private:
+  double simulate_step(const std::vector<int32_t>& sizes) const {
+    schedule_options so = schedule_options_of(cfg_);
+    so.stage_layers = sizes;
+    auto prog = make_schedule(cfg_.parallel.schedule, static_cast<int32_t>(mc_.num_layers), so);
+    if (!prog) return inf;
+    const sim_costs costs = estimate_costs(*prog, mc_, cfg_, gflops_);
+    const sim_result sim = simulate(*prog, costs);
+    if (!sim.ok) return inf;
+    if (cfg_.offload.device_memory_mb > 0) {
+      const memory_plan mem = make_memory_plan(*prog, costs, sim,
+                                               memory_inputs_of(*prog, mc_, compute_element_bytes(cfg_), cfg_.lora.r, cfg_.lora.targets));
+      for (const auto& d : mem.devices)
+        if (d.peak_bytes > cfg_.offload.device_memory_mb * 1048576.0) return inf;
+    }
+    return sim.makespan_s;
+  }
+  const project_config& cfg_;
+  const llama_config& mc_;
+  double gflops_;
+  std::map<std::vector<int32_t>, double> seen_;
+};
 
 // The speed of the device that runs each stage (bound schedules: stage s on device s % D; round-robin
 // runs every stage on every device in turn, so its stages are balanced for a speed-1 device).
@@ -86,10 +108,11 @@ std::vector<double> stage_speeds(const project_config& cfg, int32_t n_stages, co
   return out;
 }
 
-// Hill climbing from `start`: move one layer across one boundary while the simulated step improves.
-std::vector<int32_t> refine(const project_config& cfg, const llama_config& mc, double gflops, std::vector<int32_t> sizes, double& step) {
-  step = simulated_step(cfg, mc, gflops, sizes);
-  for (int round = 0; round < 4 * static_cast<int>(mc.num_layers); ++round) {
+// Hill climbing from `sizes`: move one layer across the boundary that gains most while the simulated
+// step improves (at most 4 x layers moves).
+std::vector<int32_t> refine(step_oracle& step_of, std::vector<int32_t> sizes, int64_t layers, double& step) {
+  step = step_of(sizes);
+  for (int64_t round = 0; round < 4 * layers; ++round) {
     std::vector<int32_t> best_sizes;
     double best = step;
     for (size_t b = 0; b + 1 < sizes.size(); ++b)
@@ -98,7 +121,7 @@ std::vector<int32_t> refine(const project_config& cfg, const llama_config& mc, d
         t[b] += dir;
         t[b + 1] -= dir;
         if (t[b] < 1 || t[b + 1] < 1) continue;
-        const double s = simulated_step(cfg, mc, gflops, t);
+        const double s = step_of(t);
         if (s < best * (1 - 1e-9)) best = s, best_sizes = std::move(t);
       }
     if (best_sizes.empty()) break;
@@ -108,56 +131,65 @@ std::vector<int32_t> refine(const project_config& cfg, const llama_config& mc, d
   return sizes;
 }
 
+double finite_or_zero(double x) { return std::isfinite(x) ? x : 0.0; }
+
 }  // namespace
 
 result<partition_choice> choose_partition(const project_config& cfg, const llama_config& mc, double gflops) {
-  const auto fail = [](const std::string& m) { return make_error("parallel.partition: {}", m); };
   LP_TRY_ASSIGN(given, partition_sizes(cfg));
   LP_TRY_ASSIGN(speeds, device_speeds(cfg));
   const schedule_options so = schedule_options_of(cfg);
   const int32_t L = static_cast<int32_t>(mc.num_layers);
   const int32_t S = schedule_stage_count(cfg.parallel.schedule, L, so);
+  step_oracle step_of(cfg, mc, gflops);
   partition_choice out;
   if (!given.empty()) {
+    int64_t total = 0;
+    for (int32_t n : given) total += n;
     if (static_cast<int32_t>(given.size()) != S)
-      return fail(fmt::format("'{}' has {} stages; {} on {} device(s) needs {}", cfg.parallel.partition, given.size(),
-                              cfg.parallel.schedule, so.devices, S));
+      return make_error("parallel.partition: '{}' has {} stages; {} on {} device(s) needs {}", cfg.parallel.partition, given.size(),
+                        cfg.parallel.schedule, so.devices, S);
+    if (total != L) return make_error("parallel.partition: '{}' adds up to {} layers; the model has {}", cfg.parallel.partition, total, L);
     out.sizes = given;
     out.how = "given";
-    out.step_s = simulated_step(cfg, mc, gflops, given);
+    out.step_s = finite_or_zero(step_of(given));
     return out;
   }
-  if (S > L) return fail(fmt::format("{} layers cannot fill the {} stages of {}", L, S, cfg.parallel.schedule));
+  if (S > L) return make_error("parallel.schedule: {}: {} layers cannot fill its {} stages", cfg.parallel.schedule, L, S);
   std::vector<int32_t> even;
   for (const auto& st : even_partition(L, S)) even.push_back(st.last_layer - st.first_layer);
-  out.even_step_s = simulated_step(cfg, mc, gflops, even);
+  const double even_step = step_of(even);
   out.sizes = even;
   out.how = "even";
-  out.step_s = out.even_step_s;
+  out.step_s = out.even_step_s = finite_or_zero(even_step);
   if (cfg.parallel.partition == "even" || S == 1) return out;
   const int64_t rows = cfg.run.batch_size / std::max<int64_t>(1, so.micro_batches);
   const std::vector<double> layer_s(static_cast<size_t>(L), layer_forward_flops(mc, rows, cfg.data.seq_len));
   const auto start = min_max_partition(layer_s, 0.0, head_forward_flops(mc, rows, cfg.data.seq_len), stage_speeds(cfg, S, speeds));
   double step = inf;
-  auto balanced = refine(cfg, mc, gflops, start, step);
-  if (step < out.even_step_s * 0.98) {
+  auto balanced = refine(step_of, start, L, step);
+  if (step < even_step * 0.98) {  // an even partition over the memory limit loses to any that fits
     out.sizes = std::move(balanced);
     out.how = "balanced";
-    out.step_s = step;
+    out.step_s = finite_or_zero(step);
   }
   return out;
 }
 
-result<program> project_program(const project_config& cfg, const llama_config& mc, double gflops) {
+result<program> partitioned_program(const project_config& cfg, const llama_config& mc, const std::vector<int32_t>& sizes) {
   const bool pipelined = cfg.parallel.schedule != "single" && cfg.parallel.schedule != "auto";
   schedule_options so = schedule_options_of(cfg);
-  if (pipelined) {
-    LP_TRY_ASSIGN(choice, choose_partition(cfg, mc, gflops));
-    so.stage_layers = std::move(choice.sizes);
-  }
+  if (pipelined) so.stage_layers = sizes;
   auto prog = make_schedule(pipelined ? cfg.parallel.schedule : "gpipe", static_cast<int32_t>(mc.num_layers), so);
   if (!prog) return make_error("parallel.schedule: {}", prog.message());
   return prog;
+}
+
+result<program> project_program(const project_config& cfg, const llama_config& mc, double gflops) {
+  const bool pipelined = cfg.parallel.schedule != "single" && cfg.parallel.schedule != "auto";
+  if (!pipelined) return partitioned_program(cfg, mc, {});
+  LP_TRY_ASSIGN(choice, choose_partition(cfg, mc, gflops));
+  return partitioned_program(cfg, mc, choice.sizes);
 }
 
 }  // namespace lorapipe

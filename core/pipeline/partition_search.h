@@ -28,8 +28,8 @@ std::vector<int32_t> min_max_partition(const std::vector<double>& layer_s, doubl
 struct partition_choice {
   std::vector<int32_t> sizes;   // layers per stage (make_schedule's stage_layers)
   std::string how;              // "even", "balanced" or "given"
-  double step_s = 0;            // simulated step with these sizes
-  double even_step_s = 0;       // simulated step with the even partition (0 when it is not possible)
+  double step_s = 0;            // simulated step with these sizes (0 when it does not fit or cannot run)
+  double even_step_s = 0;       // simulated step with the even partition (0 when it does not fit or cannot run)
 };
 // parallel.partition for the project's (resolved, pipelined) schedule: given sizes, the even
 // partition, or for auto the balanced one when the simulator predicts it at least 2% faster than
@@ -39,6 +39,8 @@ result<partition_choice> choose_partition(const project_config& cfg, const llama
 // The project's program: the schedule generator with choose_partition's sizes (a single-device
 // project: one gpipe stage over every layer).
 result<program> project_program(const project_config& cfg, const llama_config& mc, double gflops);
+// The same with the layers per stage already chosen (ignored for a single-device project).
+result<program> partitioned_program(const project_config& cfg, const llama_config& mc, const std::vector<int32_t>& sizes);
 
 // "3,2" for {3, 2}.
 std::string partition_text(const std::vector<int32_t>& sizes);

@@ -497,7 +497,6 @@ class sim_run {
       r.memory.push_back(ds.mem);
     }
     r.bubble_ratio = r.makespan_s > 0 ? 1.0 - busy / (D_ * r.makespan_s) : 0.0;
-    r.grid = program_grid(p_);
     r.timeline = std::move(timeline_);
     return r;
   }

@@ -87,7 +87,7 @@ struct sim_result {
   bool ok = false;
   std::string error;             // first problem found, with device and step
   int32_t fail_device = -1, fail_index = -1;
-  std::string grid;              // program grid, failing step marked
+  std::string grid;              // on failure: the program grid with the failing step marked
   double makespan_s = 0;
   double bubble_ratio = 0;       // 1 - compute busy time / (devices x makespan)
   std::vector<double> busy_s;    // compute time per device

@@ -5,6 +5,7 @@
 #include "core/base/hash.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -230,6 +231,7 @@ status validate_project(const project_config& c) {
            c.parallel.transport == "nccl",
        "parallel.transport", "must be auto, host, peer or nccl");
   if (auto sizes = partition_sizes(c); !sizes) p.push_back(sizes.message());
+  else need(sizes->empty() || pipelined, "parallel.partition", "layer counts need a pipeline schedule on several devices");
   if (auto speeds = device_speeds(c); !speeds) p.push_back(speeds.message());
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
        "must be stage or layer");
@@ -267,9 +269,9 @@ std::optional<std::vector<double>> number_list(const std::string& text) {
     const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
     if (b == std::string::npos) return std::nullopt;
     const std::string v = item.substr(b, e - b + 1);
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (end != v.c_str() + v.size() || !std::isfinite(x)) return std::nullopt;
+    double x = 0;  // from_chars: the same in every locale (the GUI runs under the user's)
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(x)) return std::nullopt;
     out.push_back(x);
   }
   if (out.size() != static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1) return std::nullopt;  // "3,"

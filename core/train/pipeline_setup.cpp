@@ -47,17 +47,22 @@ std::string stage_layer_text(const program& p) {
 
 }  // namespace
 
+result<cpu_device_options> device_options_of(const project_config& cfg) {
+  cpu_device_options o;
+  if (cfg.offload.device_memory_mb > 0) o.capacity_bytes = static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0);
+  o.pinned_budget_bytes = static_cast<size_t>(cfg.offload.pinned_memory_gb * 1e9);
+  o.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
+  o.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
+  LP_TRY_ASSIGN(speeds, device_speeds(cfg));
+  o.speed = std::move(speeds);
+  return o;
+}
+
 result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
                                     const pipeline_options& base) {
   obs.on_event(phase_event{phase::building_pipeline, 0, 0, 0, cfg.parallel.devices});
   pipeline_rig rig;
-  cpu_device_options dopts;
-  if (cfg.offload.device_memory_mb > 0) dopts.capacity_bytes = static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0);
-  dopts.pinned_budget_bytes = static_cast<size_t>(cfg.offload.pinned_memory_gb * 1e9);
-  dopts.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
-  dopts.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
-  LP_TRY_ASSIGN(speeds, device_speeds(cfg));
-  dopts.speed = speeds;
+  LP_TRY_ASSIGN(dopts, device_options_of(cfg));
   LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts));
   rig.devices = std::move(devs);
   const schedule_options so = schedule_options_of(cfg);
@@ -88,6 +93,8 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   po.layer_recompute = cfg.offload.recompute_granularity == "layer";
   po.async_optimizer = cfg.optimizer.asynchronous;
   po.transports = links;
+  // The executor checks the very plan `plan` shows and begin_run checked (same program and costs).
+  po.memory = std::make_shared<const memory_plan>(project_memory_plan(*prog, w.cfg, cfg, auto_schedule_gflops));
   // The watchdog guards GPU waits (a peer that never posts, a hung driver); on CPU virtual devices an
   // instruction of a large model may legitimately take longer than any fixed bound.
   const bool gpus = std::any_of(raw.begin(), raw.end(), [](const compute_device* d) { return d->gpu() >= 0; });
@@ -112,7 +119,7 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
                           a.stages_at_once, a.slot_bytes ? fmt::format(", slots of {:.2f} MiB", a.slot_bytes / 1048576.0) : "");
   obs.on_event(log_event{log_event::level::info, "memory plan: weight arenas " + arenas});
   {
-    const memory_plan mem = project_memory_plan(kept, w.cfg, cfg, auto_schedule_gflops);
+    const memory_plan& mem = *po.memory;
     std::string peaks;
     for (size_t d = 0; d < mem.devices.size() && d < raw.size(); ++d)
       peaks += fmt::format("{}{} {:.2f} MiB", peaks.empty() ? "" : "; ", raw[d]->name(), mem.devices[d].peak_bytes / 1048576.0);

@@ -24,6 +24,10 @@ struct pipeline_rig {
   double bubble_ratio = -1;  // simulated with unit costs
 };
 
+// The options of the project's devices: capacity (offload.device_memory_mb), copy throttle, threads,
+// speeds, pinned budget. Errors name the field.
+result<cpu_device_options> device_options_of(const project_config& cfg);
+
 result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
                                     const pipeline_options& base);
 

@@ -1,6 +1,7 @@
 // CUDA pipeline device: see cuda_device.h.
 #include "offload/cuda/cuda_device.h"
 
+#include <cctype>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -314,6 +315,24 @@ result<size_t> cuda_free_bytes(int gpu) {
   LP_CUDA_CHECK(cudaSetDevice(gpu));
   LP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   return free_b;
+}
+
+status cuda_describe_gpu(int gpu, probed_device& d) {
+  LP_TRY_ASSIGN(free_b, cuda_free_bytes(gpu));
+  cudaDeviceProp prop{};
+  LP_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
+  char bus[32] = {0};
+  LP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, gpu));
+  d.gpu_name = prop.name;
+  d.total_bytes = prop.totalGlobalMem;
+  d.free_bytes = free_b;
+  d.sm_count = prop.multiProcessorCount;
+  d.cc_major = prop.major;
+  d.cc_minor = prop.minor;
+  d.pci_bus_id = bus;
+  for (auto& ch : d.pci_bus_id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  read_pci_link("/sys/bus/pci/devices", d.pci_bus_id, d);
+  return ok_status();
 }
 
 cuda_versions cuda_runtime_versions() {

@@ -10,6 +10,7 @@
 
 #include "core/base/result.h"
 #include "offload/device.h"
+#include "offload/device_probe.h"
 #include "offload/pinned_registry.h"
 
 namespace lorapipe {
@@ -23,6 +24,9 @@ result<std::unique_ptr<compute_device>> make_cuda_device(int index, int gpu, siz
 std::shared_ptr<pinned_registry> make_cuda_pinned_registry(size_t budget_bytes);
 // Free memory of GPU `gpu` (cudaMemGetInfo); an error names a GPU that does not exist.
 result<size_t> cuda_free_bytes(int gpu);
+// The static facts of GPU `gpu` for the device probe (name, memory, SMs, compute capability, PCI bus
+// id; PCIe link and NUMA node from sysfs).
+status cuda_describe_gpu(int gpu, probed_device& d);
 // cuda_version_info() of a CUDA build (device.h).
 cuda_versions cuda_runtime_versions();
 // Whether `to_gpu` can read/write `from_gpu`'s memory directly (enables it when possible; the same

@@ -5,8 +5,8 @@
 // 1. Devices of different speed: cpu:1 at half speed (parallel.device_speeds 1,0.5), 1F1B; the even
 //    partition against the one choose_partition balances (measured step medians and their ratio).
 // 2. Step time and choice: a grid of configurations (every schedule x micro-batch counts x weights
-//    streamed or resident) on two devices. Each is profiled by two steps after a warm-up (stage compute
-//    medians, with_measured_compute) and predicted by the simulator; then all are measured. Prints predicted
+//    streamed or resident) on two devices. Each is profiled by two steps after three warm-up steps (stage
+//    compute medians, with_measured_compute; warm-up and profiling steps also take turns) and predicted by the simulator; then all are measured. Prints predicted
 //    vs measured per configuration, the planner's pick (smallest profiled prediction) against the
 //    fastest measured, and what the FLOP-only model (`auto` before any profile) would have picked.
 #include <unistd.h>
@@ -38,6 +38,7 @@ double median(std::vector<double> v) {
 struct rig {
   std::string label;
   project_config cfg;
+  llama_config mc;
   program prog;
   std::vector<std::unique_ptr<compute_device>> devs;
   lora_adapters lora;
@@ -47,7 +48,7 @@ struct rig {
   std::vector<sim_interval> profile;  // compute instructions of the profiling steps
   double flop_predicted_s = 0, profiled_predicted_s = 0;
 
-  rig(std::string name, const project_config& c, program p, const llama_weights& w) : label(std::move(name)), cfg(c), prog(std::move(p)) {
+  rig(std::string name, const project_config& c, program p, const llama_weights& w) : label(std::move(name)), cfg(c), mc(w.cfg), prog(std::move(p)) {
     cpu_device_options o;
     o.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
     o.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
@@ -70,11 +71,13 @@ struct rig {
       auto t = torch::randint(0, w.cfg.vocab_size, {rows, cfg.data.seq_len + 1}, torch::kLong);  // i64 [rows, T+1]
       mbs.push_back({t.slice(1, 0, cfg.data.seq_len).contiguous(), t.slice(1, 1).contiguous()});
     }
-    const sim_costs flop = estimate_costs(prog, w.cfg, cfg, auto_schedule_gflops);
-    flop_predicted_s = simulate(prog, flop).makespan_s;
+    flop_predicted_s = simulate(prog, estimate_costs(prog, w.cfg, cfg, auto_schedule_gflops)).makespan_s;
     step(false);  // warm-up: resident weights get uploaded here, allocators and caches settle
-    for (int i = 0; i < 2; ++i)  // the profile: two steps' compute instructions
-      for (const auto& t : step(false).trace) profile.push_back({t.device, 0, t.in, t.start_s, t.end_s});
+  }
+  // One profiling step: its compute instructions join the profile, and the prediction is redone.
+  void profile_step() {
+    for (const auto& t : step(false).trace) profile.push_back({t.device, 0, t.in, t.start_s, t.end_s});
+    const sim_costs flop = estimate_costs(prog, mc, cfg, auto_schedule_gflops);
     profiled_predicted_s = simulate(prog, with_measured_compute(prog, flop, profile)).makespan_s;
   }
   pipeline_step_result step(bool record = true) {
@@ -88,7 +91,13 @@ struct rig {
   }
 };
 
+// Two more warm-up steps, two profiling steps, then `steps` measured ones, each round over every
+// configuration in turn.
 void step_all(std::vector<std::unique_ptr<rig>>& rigs, int steps) {
+  for (int i = 0; i < 2; ++i)
+    for (auto& r : rigs) r->step(false);
+  for (int i = 0; i < 2; ++i)
+    for (auto& r : rigs) r->profile_step();
   for (int i = 0; i < steps; ++i)
     for (auto& r : rigs) r->step();
 }

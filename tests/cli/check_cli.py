@@ -314,6 +314,17 @@ def main():
         rc, _, err = run(cli, "train", os.path.join(t, "hp.json"), "--steps", "2", "--output", os.path.join(t, "run_het"), "--threads", "2")
         check("train with device_speeds runs the balanced partition",
               rc == 0 and f"2 stages of {','.join(map(str, part.get('layers', [])))} layers" in err, err[-600:])
+        # The device probe: measured once, then reused from the cache (keyed by the devices' fingerprint).
+        penv = dict(os.environ, XDG_CACHE_HOME=os.path.join(t, "cache"))
+        rc, out1, err1 = run(cli, "plan", os.path.join(t, "hp.json"), "--probe", "--json", env=penv)
+        rc2, out2, err2 = run(cli, "plan", os.path.join(t, "hp.json"), "--probe", "--json", env=penv)
+        p1 = json.loads(out1).get("probe", {}) if rc == 0 else {}
+        p2 = json.loads(out2).get("probe", {}) if rc2 == 0 else {}
+        check("plan --probe measures both devices, then reuses the cached probe",
+              len(p1.get("devices", [])) == 2 and not p1.get("from_cache") and p2.get("from_cache")
+              and all(d["h2d_bytes_per_s"] > 0 and d["d2h_concurrent_bytes_per_s"] > 0 and not d["error"] for d in p1["devices"])
+              and p1["devices"][1]["speed"] == 0.5 and p2["fingerprint"] == p1["fingerprint"]
+              and os.path.exists(p2.get("cache_file", "")), (out1 + err1 + err2)[-800:])
         hp["parallel"]["partition"] = "2,2,1"
         json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
         expect_clean_error(cli, "partition with the wrong stage count", ["plan", os.path.join(t, "hp.json")],

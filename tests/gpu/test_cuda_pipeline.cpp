@@ -17,6 +17,7 @@
 #include "core/pipeline/transport.h"
 #include "offload/cuda/cuda_resources.h"
 #include "offload/device.h"
+#include "offload/device_probe.h"
 #include "tests/test_paths.h"
 
 using namespace lorapipe;
@@ -191,4 +192,33 @@ TEST(CudaPipeline, NcclFailureEndsTheStep) {
   auto again = ex.step(mbs, 0.0, 0.0, false);
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.message().find("aborted"), std::string::npos) << again.message();
+}
+
+// The probe on a real GPU: the static facts from the driver and sysfs, timed pinned copies alone and
+// with a second pipeline device on the same GPU, and a peer copy within the GPU.
+TEST(CudaProbe, DescribesAndMeasuresTheGpu) {
+  auto devs = cuda_devices("cuda:0,0");
+  ASSERT_EQ(devs.size(), 2u);
+  std::vector<compute_device*> raw{devs[0].get(), devs[1].get()};
+  device_inventory inv = describe_inventory(raw);
+  const auto& d = inv.devices[0];
+  EXPECT_EQ(d.kind, "cuda");
+  EXPECT_FALSE(d.gpu_name.empty());
+  EXPECT_GT(d.total_bytes, size_t{1} << 30);
+  EXPECT_GT(d.free_bytes, 0u);
+  EXPECT_GT(d.sm_count, 0);
+  EXPECT_GE(d.cc_major, 7);
+  EXPECT_EQ(d.pci_bus_id.size(), 12u) << d.pci_bus_id;  // 0000:01:00.0
+  EXPECT_TRUE(inv.links[0].direct);  // the same GPU
+  probe_options po;
+  po.bytes = size_t{64} << 20;
+  po.deadline_s = 60;
+  measure_inventory(inv, raw, po);
+  ASSERT_TRUE(inv.ok()) << inv.devices[0].error << inv.devices[1].error;
+  EXPECT_TRUE(inv.complete);
+  std::printf("%s", inventory_text(inv).c_str());
+  EXPECT_GT(inv.devices[0].h2d_bytes_per_s, 1e9);  // any PCIe link moves more than 1 GB/s pinned
+  EXPECT_GT(inv.devices[0].d2h_bytes_per_s, 1e9);
+  EXPECT_GT(inv.devices[0].h2d_concurrent_bytes_per_s, 0);
+  EXPECT_GT(inv.links[0].bytes_per_s, 0);
 }

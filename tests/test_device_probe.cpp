@@ -1,0 +1,206 @@
+// The device inventory and probe (offload/device_probe.h, core/engine/device_inventory.h) on CPU
+// virtual devices: timed copies bounded by the throttle, a copy engine that hangs is reported within
+// the deadline (the watchdog) and one that fails is reported, the JSON form round-trips, the
+// fingerprint follows the static facts, the cache is reused and refreshed, sysfs PCIe parsing.
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+
+#include <gtest/gtest.h>
+
+#include "core/base/errors.h"
+#include "core/engine/device_inventory.h"
+#include "offload/device.h"
+#include "offload/device_probe.h"
+
+using namespace lorapipe;
+
+namespace {
+
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    path = std::filesystem::temp_directory_path() / ("lorapipe_probe_" + std::to_string(::getpid()) + "_" +
+                                                     std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::filesystem::create_directories(path);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+std::vector<std::unique_ptr<cpu_device>> cpu_devices(int n, const cpu_device_options& o) {
+  std::vector<std::unique_ptr<cpu_device>> out;
+  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<cpu_device>(i, o));
+  return out;
+}
+std::vector<compute_device*> raw(const std::vector<std::unique_ptr<cpu_device>>& devs) {
+  std::vector<compute_device*> out;
+  for (const auto& d : devs) out.push_back(d.get());
+  return out;
+}
+
+// A gate a copy hook blocks on until the test opens it (a copy engine that hangs).
+struct gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  void wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return open; });
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+TEST(DeviceProbe, MeasuresThrottledCopiesAloneAndTogether) {
+  cpu_device_options o;
+  o.copy_bytes_per_s = 0.25e9;
+  o.capacity_bytes = size_t{64} << 20;
+  o.speed = {1, 0.5};
+  const auto devs = cpu_devices(2, o);
+  device_inventory inv = describe_inventory(raw(devs));
+  ASSERT_EQ(inv.devices.size(), 2u);
+  EXPECT_EQ(inv.devices[1].kind, "cpu");
+  EXPECT_EQ(inv.devices[1].capacity_bytes, size_t{64} << 20);
+  EXPECT_EQ(inv.devices[1].speed, 0.5);
+  EXPECT_EQ(inv.devices[1].copy_limit_bytes_per_s, 0.25e9);
+  EXPECT_EQ(inv.fingerprint.size(), 64u);
+  ASSERT_EQ(inv.links.size(), 2u);
+  EXPECT_TRUE(inv.links[0].direct);
+  probe_options po;
+  po.bytes = size_t{2} << 20;
+  measure_inventory(inv, raw(devs), po);
+  ASSERT_TRUE(inv.ok()) << inv.devices[0].error << inv.devices[1].error;
+  for (const auto& d : inv.devices)
+    for (double r : {d.h2d_bytes_per_s, d.d2h_bytes_per_s, d.h2d_concurrent_bytes_per_s, d.d2h_concurrent_bytes_per_s}) {
+      EXPECT_LE(r, 0.25e9 * 1.02) << d.name;  // the throttle is a floor on each copy's time
+      EXPECT_GT(r, 0.25e9 * 0.2) << d.name;   // wide: the machine may be busy
+    }
+  for (const auto& l : inv.links) EXPECT_GT(l.bytes_per_s, 0) << l.from << "->" << l.to;
+  EXPECT_TRUE(inv.measured);
+  EXPECT_FALSE(inv.when.empty());
+  EXPECT_NE(inventory_text(inv).find("cpu:1: CPU virtual device, 1 thread(s), speed x0.5, copies throttled to 0.25 GB/s"), std::string::npos)
+      << inventory_text(inv);
+  // JSON round trip.
+  auto back = inventory_from_json(inventory_to_json(inv));
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ(inventory_to_json(*back), inventory_to_json(inv));
+  EXPECT_FALSE(inventory_from_json("{\"fingerprint\": \"x\"}").ok());
+  // The fingerprint follows the static facts.
+  EXPECT_EQ(describe_inventory(raw(devs)).fingerprint, inv.fingerprint);
+  o.capacity_bytes = size_t{32} << 20;
+  EXPECT_NE(describe_inventory(raw(cpu_devices(2, o))).fingerprint, inv.fingerprint);
+}
+
+// The watchdog: a device whose copy engine hangs is reported when the deadline passes, the others
+// are measured, and the probe returns.
+TEST(DeviceProbe, WatchdogReportsAHungCopyEngineWithinTheDeadline) {
+  auto g = std::make_shared<gate>();
+  cpu_device_options ok_opts;
+  cpu_device_options hang_opts;
+  hang_opts.copy_fault = [g](const char* what) {
+    if (std::string(what) == "copy_in") g->wait();
+  };
+  std::vector<std::unique_ptr<cpu_device>> devs;
+  devs.push_back(std::make_unique<cpu_device>(0, ok_opts));
+  devs.push_back(std::make_unique<cpu_device>(1, hang_opts));
+  device_inventory inv = describe_inventory(raw(devs));
+  probe_options po;
+  po.bytes = size_t{1} << 20;
+  po.deadline_s = 1.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  measure_inventory(inv, raw(devs), po);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  g->release();  // the engine thread finishes its copy; the devices can then be destroyed
+  EXPECT_LT(took, 5.0);  // a wide bound: the deadline is 1 s
+  EXPECT_FALSE(inv.ok());
+  EXPECT_TRUE(inv.devices[0].error.empty()) << inv.devices[0].error;
+  EXPECT_GT(inv.devices[0].h2d_bytes_per_s, 0);
+  EXPECT_GT(inv.devices[0].d2h_bytes_per_s, 0);
+  EXPECT_NE(inv.devices[1].error.find("cpu:1: host->device copy of 1048576 bytes did not finish within the probe's deadline of 1 s"),
+            std::string::npos)
+      << inv.devices[1].error;
+  EXPECT_EQ(hung_devices(inv), std::vector<int>{1});
+  EXPECT_EQ(inv.devices[1].h2d_bytes_per_s, 0);
+  EXPECT_FALSE(inv.complete);  // the concurrent and peer copies were not started after the deadline
+  EXPECT_NE(inventory_text(inv).find("problem: cpu:1: host->device copy"), std::string::npos);
+}
+
+TEST(DeviceProbe, AFailingCopyIsReportedNotThrown) {
+  cpu_device_options o;
+  o.copy_fault = [](const char* what) {
+    if (std::string(what) == "copy_out") throw device_error("cpu:0: simulated transfer failure");
+  };
+  const auto devs = cpu_devices(1, o);
+  device_inventory inv = describe_inventory(raw(devs));
+  probe_options po;
+  po.bytes = 4096;
+  measure_inventory(inv, raw(devs), po);
+  EXPECT_GT(inv.devices[0].h2d_bytes_per_s, 0);
+  EXPECT_NE(inv.devices[0].error.find("device->host copy of 4096 bytes failed: cpu:0: simulated transfer failure"), std::string::npos)
+      << inv.devices[0].error;
+  EXPECT_TRUE(hung_devices(inv).empty());
+}
+
+TEST(DeviceProbe, ReadsPcieLinkAndNumaNodeFromSysfs) {
+  temp_dir t;
+  const auto dev = t.path / "0000:01:00.0";
+  std::filesystem::create_directories(dev);
+  std::ofstream(dev / "current_link_speed") << "16.0 GT/s PCIe\n";
+  std::ofstream(dev / "current_link_width") << "8\n";
+  std::ofstream(dev / "numa_node") << "1\n";
+  probed_device d;
+  read_pci_link(t.path, "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_gen, 4);
+  EXPECT_EQ(d.pcie_width, 8);
+  EXPECT_EQ(d.numa_node, 1);
+  std::ofstream(dev / "current_link_speed") << "8.0 GT/s PCIe\n";
+  read_pci_link(t.path, "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_gen, 3);
+  probed_device none;
+  read_pci_link(t.path, "0000:02:00.0", none);
+  EXPECT_EQ(none.pcie_gen, 0);
+  EXPECT_EQ(none.numa_node, -1);
+}
+
+// The project-level probe: measured once, then reused from the cache for the same devices and
+// settings, measured again on request or when the settings change; the plan costs copies at it.
+TEST(DeviceProbe, ProjectProbeIsCachedByFingerprint) {
+  temp_dir t;
+  project_config cfg;
+  cfg.parallel.devices = "cpu:2";
+  cfg.offload.copy_gbps = 0.5;
+  probe_request req;
+  req.cache_dir = t.path;
+  req.options.bytes = size_t{1} << 20;
+  auto first = probe_project_devices(cfg, req);
+  ASSERT_TRUE(first.ok()) << first.message();
+  EXPECT_FALSE(first->from_cache);
+  EXPECT_TRUE(first->cache_note.empty()) << first->cache_note;
+  EXPECT_TRUE(std::filesystem::exists(first->cache_file));
+  auto second = probe_project_devices(cfg, req);
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(second->from_cache);
+  EXPECT_EQ(inventory_to_json(second->inventory), inventory_to_json(first->inventory));
+  req.refresh = true;
+  EXPECT_FALSE(probe_project_devices(cfg, req)->from_cache);
+  req.refresh = false;
+  cfg.offload.copy_gbps = 1.0;  // other settings: another fingerprint
+  auto other = probe_project_devices(cfg, req);
+  EXPECT_FALSE(other->from_cache);
+  EXPECT_NE(other->inventory.fingerprint, first->inventory.fingerprint);
+  const project_config planned = with_probed_bandwidth(cfg, other->inventory);
+  EXPECT_GT(planned.offload.copy_gbps, 0.2);
+  EXPECT_LE(planned.offload.copy_gbps, 1.0 * 1.02);
+  // A cache file made for other devices is not used.
+  std::filesystem::copy_file(first->cache_file, inventory_cache_file(t.path, other->inventory.fingerprint),
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_FALSE(load_cached_inventory(t.path, other->inventory.fingerprint).ok());
+}
