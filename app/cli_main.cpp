@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "app/cli_data.h"
+#include "app/cli_plan.h"
 #include "app/cli_printer.h"
 #include "app/cli_runs.h"
 #include "core/base/cancel.h"
@@ -114,117 +115,6 @@ int cmd_init(const std::string& path, const std::string& model, const std::strin
   auto st = write_file_atomic(path, text);
   if (!st) return cli_fail(st.message());
   std::fputs(fmt::format("wrote {}\n", path).c_str(), stderr);
-  return 0;
-}
-
-// The plan: the schedule program for the project, checked and simulated with the engine's cost
-// model (core/engine/plan_report.h); printed here.
-int cmd_plan(const std::string& path, double gflops, bool as_json, bool show_grid, const std::string& devices,
-             const std::string& schedule, int probe) {
-  auto p = load_project(path);
-  if (!p) return cli_fail(p.message());
-  if (!devices.empty()) p->parallel.devices = devices;
-  if (!schedule.empty()) p->parallel.schedule = schedule;
-  if (auto st = validate_project(*p); !st) return cli_fail(fmt::format("{} is not valid:\n{}", path, st.message()));
-  std::optional<probe_outcome> probed;
-  if (probe > 0) {
-    probe_request req;
-    req.refresh = probe > 1;
-    auto out = probe_project_devices(*p, req);
-    if (!out) return cli_fail(out.message());
-    probed = std::move(*out);
-  }
-  auto rep = make_plan(*p, gflops, probed ? &probed->inventory : nullptr);
-  if (!rep) return cli_fail(rep.message());
-  const auto& prog = rep->prog;
-  const auto& r = rep->sim;
-  if (as_json) {
-    nlohmann::json j = {{"schedule", prog.schedule}, {"devices", prog.num_devices()}, {"micro_batches", prog.micro_batches},
-                        {"stages", prog.stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
-                        {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(prog)},
-                        {"stage_weight_bytes", rep->stage_bytes},
-                        {"head", {{"chunk_rows", rep->head_chunk_rows}, {"working_bytes", rep->head_working_bytes},
-                                  {"full_logits_bytes", rep->full_logits_bytes}}},
-                        {"requested_schedule", rep->requested_schedule}, {"candidates", nlohmann::json::array()},
-                        {"partition", {{"layers", rep->partition.sizes}, {"how", rep->partition.how},
-                                       {"step_seconds", rep->partition.step_s}, {"even_step_seconds", rep->partition.even_step_s}}},
-                        {"device_speeds", rep->device_speeds}};
-    for (const auto& c : rep->schedule_candidates)
-      j["candidates"].push_back({{"schedule", c.schedule}, {"micro_batches", c.micro_batches}, {"ok", c.ok}, {"note", c.note},
-                                 {"step_seconds", c.step_s}, {"bubble_ratio", c.bubble_ratio}, {"peak_bytes", c.peak_bytes},
-                                 {"partition", c.partition}, {"partition_how", c.partition_how}});
-    for (const auto& a : rep->arenas)
-      j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
-    for (const auto& l : rep->links)
-      j["transports"].push_back({{"from", l.from}, {"to", l.to}, {"kind", transport_name(l.kind)}, {"reason", l.reason}});
-    j["peak_bytes"] = nlohmann::json::array();  // the memory plan's bound per device (what the executor checks)
-    auto& mem = j["memory"];
-    mem = {{"devices", nlohmann::json::array()}, {"buffers", nlohmann::json::array()}, {"host_bytes", rep->memory.host_bytes},
-           {"refusal", rep->memory_refusal}};
-    for (size_t d = 0; d < rep->memory.devices.size(); ++d) {
-      const auto& dp = rep->memory.devices[d];
-      j["peak_bytes"].push_back(dp.peak_bytes);
-      nlohmann::json held = nlohmann::json::object();
-      for (const auto& [name, bytes] : dp.held) held[name] = bytes;
-      mem["devices"].push_back({{"device", d < rep->devices.size() ? rep->devices[d].name : std::to_string(d)},
-                                {"peak_bytes", dp.peak_bytes}, {"expected_peak_bytes", dp.expected_peak_bytes},
-                                {"peak_at_seconds", dp.at_s}, {"held_at_peak", held}});
-    }
-    for (const auto& b : rep->memory.buffers)
-      mem["buffers"].push_back({{"name", b.name}, {"home", b.home < 0 ? std::string("host") : rep->devices.at(static_cast<size_t>(b.home)).name},
-                                {"bytes", b.bytes}, {"count", b.count}, {"lifetime", b.lifetime}});
-    if (probed) {
-      j["probe"] = nlohmann::json::parse(inventory_to_json(probed->inventory));
-      j["probe"]["from_cache"] = probed->from_cache;
-      j["probe"]["cache_file"] = probed->cache_file.string();
-    }
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  if (probed) {
-    const auto& inv = probed->inventory;
-    std::cout << (probed->from_cache ? fmt::format("devices (probe of {} reused from {}):\n", inv.when, probed->cache_file.string())
-                                     : fmt::format("devices (probed in {:.2f} s with {} MiB copies{}):\n", inv.probe_seconds,
-                                                   inv.probe_bytes >> 20, probed->cache_note.empty() ? "" : "; " + probed->cache_note))
-              << inventory_text(inv)
-              << fmt::format("  the prediction costs copies at {:.2f} GB/s (the slowest measured with every device copying)\n",
-                             with_probed_bandwidth(*p, inv).offload.copy_gbps);
-  }
-  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
-                           prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
-  std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
-  if (!rep->schedule_candidates.empty()) {
-    std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
-    for (const auto& c : rep->schedule_candidates)
-      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB, layers {} ({})\n", c.schedule,
-                                       c.micro_batches, c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0, c.partition, c.partition_how)
-                         : fmt::format("  {:<12} x{:<3} not possible: {}\n", c.schedule, c.micro_batches, c.note));
-  }
-  if (!rep->partition.sizes.empty()) {
-    const auto& pc = rep->partition;
-    std::string speeds;
-    for (size_t d = 0; d < rep->device_speeds.size() && d < rep->devices.size(); ++d)
-      speeds += fmt::format("{}{} x{:g}", speeds.empty() ? "" : ", ", rep->devices[d].name, rep->device_speeds[d]);
-    std::cout << fmt::format("layers per stage: {} ({}{}); device speeds: {}\n", partition_text(pc.sizes), pc.how,
-                             pc.how == "balanced" && pc.even_step_s > 0
-                                 ? fmt::format(", {:.1f}% faster than even at {:.3f} s", 100 * (1 - pc.step_s / pc.even_step_s), pc.even_step_s)
-                                 : std::string(),
-                             speeds);
-  }
-  std::vector<std::string> names;
-  for (const auto& f : rep->devices) names.push_back(f.name);
-  std::cout << "memory plan (peak: the bound checked before anything is allocated; expected: with copies on time):\n"
-            << memory_plan_text(rep->memory, names);
-  for (size_t d = 0; d < r.busy_s.size(); ++d)
-    std::cout << fmt::format("  device {}: weight arena {:.1f} MiB ({} stage(s) at once), busy {:.3f} s\n", d,
-                             rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
-  if (!rep->memory_refusal.empty()) std::cout << "does not fit: " << rep->memory_refusal << "\n";
-  std::cout << fmt::format("  LM head: loss on labelled positions only, {} rows per chunk, working set {:.1f} MiB "
-                           "(full logits, softmax and gradient would take {:.1f} MiB per micro-batch)\n",
-                           rep->head_chunk_rows, rep->head_working_bytes / 1048576.0, rep->full_logits_bytes / 1048576.0);
-  for (const auto& l : rep->links)
-    std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);
-  if (show_grid) std::cout << program_grid(prog);
   return 0;
 }
 
@@ -339,21 +229,22 @@ int main(int argc, char** argv) {
   init->add_flag("--force", init_force, "Overwrite an existing file");
   init->add_flag("--fields", init_fields, "Print the documented field table (Markdown) instead");
 
-  std::string plan_path;
-  double plan_gflops = 100;
+  plan_args pa;
   bool plan_probe = false, plan_reprobe = false;
-  bool plan_json = false, plan_grid = false;
   auto* plan = app.add_subcommand("plan", "Show the pipeline program, its simulated step time, bubbles and memory");
-  plan->add_option("project", plan_path, "Project file")->required();
-  plan->add_option("--gflops", plan_gflops, "Assumed compute throughput per device (GFLOP/s)")->check(CLI::PositiveNumber);
-  plan->add_flag("--json", plan_json, "Machine-readable output");
+  plan->add_option("project", pa.project, "Project file")->required();
+  plan->add_option("--gflops", pa.gflops, "Assumed compute throughput per device (GFLOP/s)")->check(CLI::PositiveNumber);
+  plan->add_flag("--json", pa.json, "Machine-readable output");
   plan->add_flag("--probe", plan_probe, "Probe the devices (memory, PCIe, timed copies alone and all at once, peer copies; cached by "
-                                        "fingerprint) and cost copies at the measured bandwidth");
+                 "fingerprint) and cost copies at the measured bandwidth");
   plan->add_flag("--reprobe", plan_reprobe, "As --probe, measuring again even when the cache has these devices");
-  plan->add_flag("--grid", plan_grid, "Print the device-by-time grid of the program");
-  std::string plan_devices, plan_schedule;
-  plan->add_option("--devices", plan_devices, "Override parallel.devices (as train does)");
-  plan->add_option("--schedule", plan_schedule, "Override parallel.schedule (auto, single, gpipe, 1f1b, interleaved, round-robin)");
+  plan->add_flag("--grid", pa.grid, "Print the device-by-time grid of the program");
+  plan->add_option("--devices", pa.devices, "Override parallel.devices (as train does)");
+  plan->add_option("--schedule", pa.schedule, "Override parallel.schedule (auto, single, gpipe, 1f1b, interleaved, round-robin)");
+  plan->add_option("--what-if", pa.what_if,
+                   "Plan again with settings changed and print the difference, e.g. \"seq_len=2048\", \"devices=cpu:3\", "
+                   "\"devices=+1\", \"p2p=off\", \"micro_batches=8 offload.stream_weights=off\" (repeatable)");
+  plan->add_flag("--write", pa.write, "Store the plan's choices (parallel.devices, schedule, micro_batches, partition) in the project file");
 
   std::string data_path;
   int64_t data_examples = 3;
@@ -403,7 +294,10 @@ int main(int argc, char** argv) {
       std::cout << *report;
       return 0;
     }
-    if (*plan) return cmd_plan(plan_path, plan_gflops, plan_json, plan_grid, plan_devices, plan_schedule, plan_reprobe ? 2 : plan_probe ? 1 : 0);
+    if (*plan) {
+      pa.probe = plan_reprobe ? 2 : plan_probe ? 1 : 0;
+      return cmd_plan(pa);
+    }
   } catch (const std::exception& e) {  // the engine returns errors as values; this is the last resort
     return cli_fail(e.what());
   }

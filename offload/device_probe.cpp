@@ -32,9 +32,11 @@ using json = nlohmann::json;
 
 std::string static_facts(const device_inventory& inv) {
   json j = json::array();
+  // What does not change from one probe to the next: a GPU's capacity follows its free memory and its
+  // current PCIe link drops at idle, so neither is part of the key.
   for (const auto& d : inv.devices)
-    j.push_back({d.name, d.kind, d.capacity_bytes, d.threads, d.speed, d.copy_limit_bytes_per_s, d.gpu, d.gpu_name, d.pci_bus_id,
-                 d.total_bytes, d.sm_count, d.cc_major, d.cc_minor, d.pcie_gen, d.pcie_width, d.numa_node});
+    j.push_back({d.name, d.kind, d.gpu >= 0 ? size_t{0} : d.capacity_bytes, d.threads, d.speed, d.copy_limit_bytes_per_s, d.gpu,
+                 d.gpu_name, d.pci_bus_id, d.total_bytes, d.sm_count, d.cc_major, d.cc_minor, d.numa_node});
   for (const auto& l : inv.links) j.push_back({l.from, l.to, l.direct});
   const auto v = cuda_version_info();
   j.push_back({v.compiled, v.runtime, v.driver});
@@ -96,11 +98,14 @@ struct probe_run {
 
   bool usable(size_t i) const { return inv.devices[i].error.empty(); }
   // No measurement starts after the deadline (what is left is reported as not measured).
-  bool may_start() {
-    if (clock_type::now() < deadline) return true;
+  // A copy starts only when it can finish in the time left at its device's throttle (twice over).
+  bool may_start(double throttle_bytes_per_s = 0) {
+    const double need = throttle_bytes_per_s > 0 ? 2.0 * static_cast<double>(o.bytes) / throttle_bytes_per_s : 0.0;
+    if (clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(need)) < deadline) return true;
     inv.complete = false;
     return false;
   }
+  double throttle(size_t i) const { return inv.devices[i].copy_limit_bytes_per_s; }
   void fail(size_t i, const std::string& m, bool in_flight) {
     inv.devices[i].error = inv.devices[i].name + ": " + m;
     if (in_flight) hung[i] = true;
@@ -110,7 +115,7 @@ struct probe_run {
   // tensor in on_device[i], the source of the outgoing copies).
   double alone(size_t i, direction dir) {
     double best = 0;
-    for (int r = 0; r < o.repeats && usable(i) && may_start(); ++r) {
+    for (int r = 0; r < o.repeats && usable(i) && may_start(throttle(i)); ++r) {
       const auto what = fmt::format("{} copy of {} bytes", dir == direction::h2d ? "host->device" : "device->host", o.bytes);
       auto t = start(*devs[i], dir, host, on_device[i]);
       auto rate = finish(t, o.bytes, deadline, what, o.deadline_s);
@@ -127,7 +132,10 @@ struct probe_run {
   // Every usable device at once: each one's rate while the others copy too (each copy's end is
   // taken when it is seen done, polling every 100 us, not when the ones before it were waited for).
   void concurrent(direction dir) {
-    if (!may_start()) return;
+    double slowest = 0;
+    for (size_t i = 0; i < devs.size(); ++i)
+      if (usable(i) && throttle(i) > 0) slowest = slowest > 0 ? std::min(slowest, throttle(i)) : throttle(i);
+    if (!may_start(slowest)) return;
     std::vector<std::pair<size_t, timed_copy>> running;
     for (size_t i = 0; i < devs.size(); ++i)
       if (usable(i)) running.emplace_back(i, start(*devs[i], dir, host, on_device[i]));
@@ -145,20 +153,23 @@ struct probe_run {
       if (left > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     for (size_t k = 0; k < running.size(); ++k)
-      if (!seen[k])
+      if (!seen[k] && running[k].second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
         fail(running[k].first, fmt::format("concurrent copy did not finish within the probe's deadline of {:g} s (hung?)", o.deadline_s), true);
   }
 
   void peer(probed_link& l) {
     const auto from = static_cast<size_t>(l.from), to = static_cast<size_t>(l.to);
-    if (!usable(from) || !usable(to) || !may_start()) return;
+    if (!usable(from) || !usable(to) || !may_start(throttle(from))) return;
     auto t = submit_copy(devs[from]->download(), o.bytes,
                          [src = on_device[from], f = devs[from], d = devs[to]] { (void)d->copy_from_peer(*f, src); });
     auto rate = finish(t, o.bytes, deadline, fmt::format("peer copy to {}", inv.devices[to].name), o.deadline_s);
     if (rate) l.bytes_per_s = *rate;
     else {
       l.error = rate.message();
-      fail(from, rate.message(), t.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready);
+      // The copy runs on `from`'s engine into `to`: both stay alive while it may still run.
+      const bool in_flight = t.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+      fail(from, rate.message(), in_flight);
+      if (in_flight) fail(to, "a peer copy from " + inv.devices[from].name + " into it is still in flight", true);
     }
   }
 
@@ -178,6 +189,12 @@ struct probe_run {
         if (l.direct) peer(l);
   }
 };
+
+// The host side of the copies: pinned when a GPU is probed (training uploads from pinned memory).
+at::Tensor probe_source(const std::vector<compute_device*>& devices, size_t bytes) {
+  const bool gpu = std::any_of(devices.begin(), devices.end(), [](const compute_device* d) { return d->gpu() >= 0; });
+  return at::zeros({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));  // u8 [bytes]
+}
 
 }  // namespace
 
@@ -239,7 +256,7 @@ device_inventory describe_inventory(const std::vector<compute_device*>& devices)
 void measure_inventory(device_inventory& inv, const std::vector<compute_device*>& devices, const probe_options& o) {
   const auto t0 = clock_type::now();
   probe_run run{inv, devices, o, t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(o.deadline_s)),
-                at::zeros({static_cast<int64_t>(o.bytes)}, at::kByte), std::vector<at::Tensor>(devices.size()),
+                probe_source(devices, o.bytes), std::vector<at::Tensor>(devices.size()),
                 std::vector<bool>(devices.size(), false)};
   run.run();
   for (size_t i = 0; i < devices.size(); ++i)

@@ -2,8 +2,8 @@
 // copy throttle, speed factor; CUDA device: name, memory total and free, SMs, compute capability,
 // PCIe generation and width, NUMA node), which devices reach each other directly (P2P matrix), and
 // timed copies: host->device and device->host per device alone and all at once, and peer copies.
-// A watchdog bounds the whole probe: a device whose copy errors or does not finish by the deadline is
-// reported and left alone, never waited on. The result is a plain value with a fingerprint of the
+// A watchdog bounds the timed copies: a device whose copy errors or does not finish by the deadline
+// is reported and left alone, never waited on (describing the devices runs before, unbounded). The result is a plain value with a fingerprint of the
 // static facts (the cache key), serialisable to JSON. Used by `plan --probe` and the planner.
 #pragma once
 

@@ -133,6 +133,29 @@ TEST(DeviceProbe, WatchdogReportsAHungCopyEngineWithinTheDeadline) {
   EXPECT_NE(inventory_text(inv).find("problem: cpu:1: host->device copy"), std::string::npos);
 }
 
+// A peer copy that hangs runs on the sender's engine into the receiver: both are reported as left
+// with a copy in flight (neither may be destroyed while it runs).
+TEST(DeviceProbe, AHungPeerCopyKeepsBothEndsAlive) {
+  auto g = std::make_shared<gate>();
+  cpu_device_options hang_opts;
+  hang_opts.copy_fault = [g](const char* what) {
+    if (std::string(what) == "copy_from_peer") g->wait();
+  };
+  std::vector<std::unique_ptr<cpu_device>> devs;
+  devs.push_back(std::make_unique<cpu_device>(0, cpu_device_options{}));
+  devs.push_back(std::make_unique<cpu_device>(1, hang_opts));
+  device_inventory inv = describe_inventory(raw(devs));
+  probe_options po;
+  po.bytes = size_t{1} << 20;
+  po.deadline_s = 1.0;
+  measure_inventory(inv, raw(devs), po);
+  g->release();
+  EXPECT_GT(inv.devices[1].h2d_concurrent_bytes_per_s, 0);  // measured before the peer phase
+  EXPECT_NE(inv.links[0].error.find("peer copy to cpu:1 did not finish"), std::string::npos) << inv.links[0].error;
+  EXPECT_EQ(hung_devices(inv), (std::vector<int>{0, 1}));
+  EXPECT_NE(inv.devices[1].error.find("a peer copy from cpu:0 into it is still in flight"), std::string::npos) << inv.devices[1].error;
+}
+
 TEST(DeviceProbe, AFailingCopyIsReportedNotThrown) {
   cpu_device_options o;
   o.copy_fault = [](const char* what) {
@@ -194,11 +217,14 @@ TEST(DeviceProbe, ProjectProbeIsCachedByFingerprint) {
   req.refresh = false;
   cfg.offload.copy_gbps = 1.0;  // other settings: another fingerprint
   auto other = probe_project_devices(cfg, req);
+  ASSERT_TRUE(other.ok()) << other.message();
   EXPECT_FALSE(other->from_cache);
   EXPECT_NE(other->inventory.fingerprint, first->inventory.fingerprint);
-  const project_config planned = with_probed_bandwidth(cfg, other->inventory);
+  project_config unthrottled_plan = cfg;
+  unthrottled_plan.offload.copy_gbps = 0;  // what the measurement replaces (CUDA projects plan copies as free)
+  const project_config planned = with_probed_bandwidth(unthrottled_plan, other->inventory);
   EXPECT_GT(planned.offload.copy_gbps, 0.2);
-  EXPECT_LE(planned.offload.copy_gbps, 1.0 * 1.02);
+  EXPECT_LE(planned.offload.copy_gbps, 1.0 * 1.02);  // devices throttled to 1 GB/s
   // A cache file made for other devices is not used.
   std::filesystem::copy_file(first->cache_file, inventory_cache_file(t.path, other->inventory.fingerprint),
                              std::filesystem::copy_options::overwrite_existing);

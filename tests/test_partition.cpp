@@ -252,7 +252,9 @@ TEST(Partition, FieldsAreValidatedByName) {
   j["parallel"].erase("device_speeds");
   const std::string old_text = j.dump(2) + "\n";
   EXPECT_EQ(h, sha256_hex(old_text.data(), old_text.size()));
-  d.parallel.partition = "even";
+  d.parallel.partition = "even";  // what runs older than the field trained: their checkpoints still resume
+  EXPECT_EQ(config_hash(d), h);
+  d.parallel.partition = "4,4";
   EXPECT_NE(config_hash(d), h);
   d.parallel.partition = "auto";
   d.parallel.device_speeds = "1";

@@ -332,7 +332,7 @@ bool MainWindow::saveScreenshots(const QString& dir, int64_t run) {
     t.start();
     while (t.elapsed() < ms) {
       QApplication::processEvents(QEventLoop::AllEvents, 50);
-      if (t.elapsed() > 600 && !data_->busy() && !plan_->busy() && !runs_->busy() && !try_->generating() &&
+      if (t.elapsed() > 600 && !data_->busy() && !plan_->busy() && !plan_->askingWhatIf() && !runs_->busy() && !try_->generating() &&
           QThreadPool::globalInstance()->activeThreadCount() == 0)
         break;
     }
@@ -350,6 +350,10 @@ bool MainWindow::saveScreenshots(const QString& dir, int64_t run) {
       runs_->compareSelected();
     }
     if (i == TryIndex) try_->generate();
+    if (i == PlanIndex) {
+      settle(20000);  // the what-if compares with the plan on screen
+      plan_->askWhatIf(QStringLiteral("seq_len=256 devices=+2"));
+    }
     settle(30000);
     QApplication::processEvents();
     QImage shot = grab().toImage();

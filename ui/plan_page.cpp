@@ -11,6 +11,7 @@
 #include <QTableView>
 #include <QVBoxLayout>
 
+#include "core/engine/plan_questions.h"
 #include "core/engine/plan_report.h"
 #include "ui/async.h"
 #include "ui/charts.h"
@@ -52,6 +53,33 @@ PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
   summary_->setWordWrap(true);
   summary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
   layout->addWidget(summary_);
+  auto* ask = new QHBoxLayout;
+  auto* wl = new QLabel(tr("&What if"));
+  whatIf_ = new QLineEdit;
+  whatIf_->setObjectName("planWhatIf");
+  whatIf_->setPlaceholderText(tr("seq_len=2048   devices=+1   p2p=off   micro_batches=8 offload.stream_weights=off"));
+  whatIf_->setToolTip(tr("Settings to change (field=value, space-separated): the changed project is planned and compared with this plan"));
+  wl->setBuddy(whatIf_);
+  auto* askButton = new QPushButton(tr("Compare"));
+  askButton->setObjectName("planAsk");
+  keep_ = new QPushButton(tr("Keep this plan"));
+  keep_->setObjectName("planKeep");
+  keep_->setToolTip(tr("Store the planner's choices (schedule, micro-batches, layers per stage) in the project"));
+  keep_->setEnabled(false);
+  ask->addWidget(wl);
+  ask->addWidget(whatIf_, 1);
+  ask->addWidget(askButton);
+  ask->addWidget(keep_);
+  layout->addLayout(ask);
+  whatIfAnswer_ = new QLabel;
+  whatIfAnswer_->setObjectName("planWhatIfAnswer");
+  whatIfAnswer_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  whatIfAnswer_->setWordWrap(true);
+  whatIfAnswer_->hide();
+  layout->addWidget(whatIfAnswer_);
+  connect(whatIf_, &QLineEdit::returnPressed, this, [this] { askWhatIf(); });
+  connect(askButton, &QPushButton::clicked, this, [this] { askWhatIf(); });
+  connect(keep_, &QPushButton::clicked, this, &PlanPage::keepPlan);
   gantt_ = new GanttView;
   gantt_->setObjectName("planGantt");
   gantt_->setSizePolicy(QSizePolicy::Expanding, QSizePolicy::Fixed);  // as tall as its devices need
@@ -131,6 +159,18 @@ QString partitionText(const plan_report& p) {
   return text + QObject::tr(") · device speeds %1").arg(speeds.join(QStringLiteral(", ")));
 }
 
+// The largest sequence length and micro-batch whose memory plans fit every device.
+QString fitText(const result<fit_limits>& f) {
+  if (!f) return QObject::tr("<br>Largest fit: %1").arg(QString::fromStdString(f.message()).toHtmlEscaped());
+  if (!f->bounded || f->max_seq_len == 0) return QObject::tr("<br>Largest fit: %1").arg(QString::fromStdString(f->note).toHtmlEscaped());
+  return QObject::tr("<br>Largest fit with this schedule and partition: sequences up to <b>%1 tokens</b>%2 at %3 per micro-batch; "
+                     "up to <b>%4 sequences per micro-batch</b> at this length")
+      .arg(f->max_seq_len)
+      .arg(f->seq_len_at_model_limit ? QObject::tr(" (the model's context length)") : QString())
+      .arg(f->rows_per_micro_batch)
+      .arg(f->max_rows_per_micro_batch);
+}
+
 // Schedule "auto": what the planner weighed, the choice against the runner-up.
 QString autoChoiceText(const plan_report& p) {
   if (p.schedule_candidates.empty()) return {};
@@ -162,10 +202,22 @@ void PlanPage::replan() {
   const int generation = ++generation_;
   auto cfg = cfg_;
   const double gflops = gflops_->value();
-  runAsync(this, [cfg, gflops] { return make_plan(cfg, gflops); }, [this, generation](const result<plan_report>& r) {
+  struct Outcome {
+    result<plan_report> plan;
+    result<fit_limits> fit;
+  };
+  const auto work = [cfg, gflops] {
+    auto plan = make_plan(cfg, gflops);
+    auto fit = plan ? largest_fit(with_plan_choices(cfg, *plan), project_capacity(cfg, nullptr)) : result<fit_limits>(make_error("no plan"));
+    return Outcome{std::move(plan), std::move(fit)};
+  };
+  runAsync(this, work, [this, generation](const Outcome& o) {
     if (generation != generation_) return;  // a newer change is being planned
     busy_ = false;
     ++planned_;
+    const auto& r = o.plan;
+    shown_.reset();
+    keep_->setEnabled(false);
     if (!r) {
       summary_->setText(tr("No plan: %1").arg(QString::fromStdString(r.message())));
       gantt_->setTimeline(tr("Simulated step"), {}, {}, 0);
@@ -192,7 +244,10 @@ void PlanPage::replan() {
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
                           .arg(mib(static_cast<double>(p.full_logits_bytes))) +
-                      autoChoiceText(p) + partitionText(p) + memoryText(p));
+                      autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit));
+    shown_ = summarize_plan(cfg_, p);
+    keepPartition_ = QString::fromStdString(with_plan_choices(cfg_, p).parallel.partition);
+    keep_->setEnabled(p.memory_refusal.empty());
     QStringList rows;
     for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
     std::vector<GanttBar> bars;
@@ -235,6 +290,38 @@ void PlanPage::replan() {
                                                (p.memory_refusal.empty() ? std::string() : "\ndoes not fit: " + p.memory_refusal)));
     emit planReady();
   });
+}
+
+void PlanPage::askWhatIf(const QString& question) {
+  whatIf_->setText(question);
+  askWhatIf();
+}
+
+void PlanPage::askWhatIf() {
+  const std::string question = whatIf_->text().trimmed().toStdString();
+  if (question.empty() || !shown_ || asking_) return;
+  asking_ = true;
+  whatIfAnswer_->show();
+  whatIfAnswer_->setText(tr("Planning %1 …").arg(QString::fromStdString(question).toHtmlEscaped()));
+  const auto cfg = cfg_;
+  const auto base = *shown_;
+  const double gflops = gflops_->value();
+  runAsync(this, [cfg, base, question, gflops] { return what_if(cfg, base, question, gflops, nullptr); },
+           [this](const what_if_answer& a) {
+             asking_ = false;
+             whatIfAnswer_->setText(QStringLiteral("<pre>%1</pre>").arg(QString::fromStdString(what_if_text(a)).toHtmlEscaped()));
+           });
+}
+
+void PlanPage::keepPlan() {
+  if (!shown_) return;
+  const plan_summary s = *shown_;
+  const QString partition = keepPartition_;
+  emit fieldEdited("parallel.schedule", QString::fromStdString(s.schedule));
+  if (s.schedule != "single") {
+    emit fieldEdited("parallel.micro_batches", s.micro_batches);
+    emit fieldEdited("parallel.partition", partition);
+  }
 }
 
 }  // namespace lorapipe::ui

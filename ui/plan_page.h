@@ -1,17 +1,23 @@
 // Plan page: the project's pipeline program as the engine plans it (make_plan, computed off the GUI
 // thread whenever the project changes): a Gantt chart per device of the simulated step, bubble
 // ratio, predicted step time and tokens/s, per-device memory as stacked bars by buffer kind against
-// capacity, and each link's transport with its reason. Schedule, devices and micro-batches can be
-// changed here; they are project fields.
+// capacity, each link's transport with its reason, and the largest sequence length and micro-batch
+// that fit. Schedule, devices and micro-batches can be changed here (they are project fields); a
+// what-if box plans a changed project beside this one (plan_questions.h), and "Keep this plan"
+// stores the planner's choices (schedule, micro-batches, layers per stage) in the project.
 #pragma once
 
 #include <QComboBox>
 #include <QDoubleSpinBox>
 #include <QLabel>
 #include <QLineEdit>
+#include <QPushButton>
 #include <QSpinBox>
 #include <QWidget>
 
+#include <optional>
+
+#include "core/engine/plan_questions.h"
 #include "core/project/project.h"
 
 namespace lorapipe::ui {
@@ -30,6 +36,9 @@ class PlanPage : public QWidget {
   const GanttView* gantt() const { return gantt_; }
   const TextTableModel* links() const { return links_; }
   QString summary() const { return summary_->text(); }
+  QString whatIfAnswer() const { return whatIfAnswer_->text(); }
+  bool askingWhatIf() const { return asking_; }
+  void askWhatIf(const QString& question);  // as typed into the what-if box
 
  signals:
   void fieldEdited(const QString& path, const QVariant& value);
@@ -37,8 +46,12 @@ class PlanPage : public QWidget {
 
  private:
   void replan();
+  void askWhatIf();
+  void keepPlan();
   project_config cfg_;
-  bool valid_ = false, busy_ = false, loading_ = false;
+  bool valid_ = false, busy_ = false, loading_ = false, asking_ = false;
+  std::optional<plan_summary> shown_;  // the plan on screen (what-if answers compare with it)
+  QString keepPartition_;              // its layers per stage as parallel.partition takes them
   int generation_ = 0, planned_ = 0;
   QComboBox* schedule_ = nullptr;
   QLineEdit* devices_ = nullptr;
@@ -48,6 +61,9 @@ class PlanPage : public QWidget {
   GanttView* gantt_ = nullptr;
   BarChart* memory_ = nullptr;
   TextTableModel* links_ = nullptr;
+  QLineEdit* whatIf_ = nullptr;
+  QLabel* whatIfAnswer_ = nullptr;
+  QPushButton* keep_ = nullptr;
 };
 
 }  // namespace lorapipe::ui

@@ -52,6 +52,8 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.device_speeds = pipelined ? speeds : std::vector<double>{1.0};
     LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, r.partition.sizes));
     r.prog = std::move(prog);
+    // The memory plan is the one the executor checks: the trainer's inputs, not gflops or the probe.
+    r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);
     if (probe != nullptr) cfg = with_probed_bandwidth(cfg, *probe);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     const sim_costs costs = estimate_costs(r.prog, mc, cfg, gflops);
@@ -62,8 +64,6 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.head_chunk_rows = head_chunk_rows(mc);
     r.head_working_bytes = head_working_bytes(mc, r.tokens_per_micro_batch);
     r.full_logits_bytes = 3 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // the same three f32 tensors, for every position
-    r.memory = make_memory_plan(r.prog, costs, r.sim,
-                                memory_inputs_of(r.prog, mc, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
     LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available()));

@@ -157,7 +157,9 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
     if (!cfg) return make_error("run {}: stored configuration: {}", run, cfg.message());
     // Runs recorded before parallel.partition existed trained the even partition (runs record the
     // partition they chose since).
-    if (rec->config_json.find("\"partition\"") == std::string::npos) cfg->parallel.partition = "even";
+    if (auto stored = nlohmann::json::parse(rec->config_json, nullptr, false);
+        stored.is_object() && !(stored.contains("parallel") && stored["parallel"].contains("partition")))
+      cfg->parallel.partition = "even";
     if (auto st = validate_project(*cfg); !st) return make_error("run {} can no longer run:\n{}", run, st.message());
     h.config = *cfg;
     h.checkpoint_root = checkpoint_root_of(rec->output_dir, run);

@@ -96,6 +96,7 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
   const int64_t rows = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches);
   sim_costs c = flop_costs(p, mc, rows, cfg.data.seq_len, compute_element_bytes(cfg), gflops,
                            cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0);
+  c.per_layer_recompute = cfg.offload.recompute && cfg.offload.recompute_granularity == "layer";
   // Speeds matter between pipeline devices (a single-device run is not paced).
   if (auto speeds = device_speeds(cfg); speeds && p.num_devices() > 1 && static_cast<int32_t>(speeds->size()) == p.num_devices())
     c.device_speed = *speeds;

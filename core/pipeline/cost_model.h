@@ -59,7 +59,8 @@ memory_plan project_memory_plan(const program& p, const llama_config& c, const p
 
 // Simulator costs for the project's program: compute from FLOPs at `gflops` per device (backward
 // twice the forward), exact stage weight bytes, boundary activation bytes, stash bytes, copy
-// bandwidth from offload.copy_gbps, device speeds from parallel.device_speeds; steady state
+// bandwidth from offload.copy_gbps, device speeds from parallel.device_speeds, recompute granularity
+// from offload.recompute_granularity; steady state
 // (cross-iteration prefetches already resident).
 sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, double gflops);
 

@@ -252,7 +252,6 @@ class sim_run {
   }
 
   bool forward(int32_t d, const instr& in) {
-    auto& ds = dev_[d];
     const auto& st = p_.stages[in.stage];
     const int32_t m = in.micro, s = in.stage;
     std::vector<key> needs{weights(d, s), st.has_embed ? key{'L', 0, m, d} : key{'a', st.first_layer, m, d}};
@@ -298,7 +297,6 @@ class sim_run {
   }
 
   bool backward(int32_t d, const instr& in) {
-    auto& ds = dev_[d];
     const auto& st = p_.stages[in.stage];
     const int32_t m = in.micro, s = in.stage;
     std::vector<key> needs{weights(d, s), {'s', s, m, d}};

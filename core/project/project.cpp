@@ -402,13 +402,79 @@ std::string config_hash(const project_config& cfg) {
   project_config c = with_absolute_paths(cfg);
   c.run.output_dir.clear();
   c.run.database.clear();
-  // Fields added after schema 2 leave the hash alone at their defaults (checkpoints written before
-  // them still resume).
+  // Fields added after schema 2 leave the hash of older runs alone (their checkpoints still resume).
   json j = json::parse(project_to_json(c));
-  if (c.parallel.partition == "auto") j["parallel"].erase("partition");
+  // A run records the layer counts it chose, so "auto" and "even" appear only where the partition
+  // does not matter (one device) or where runs older than the field trained the even partition.
+  if (c.parallel.partition == "auto" || c.parallel.partition == "even") j["parallel"].erase("partition");
   if (c.parallel.device_speeds.empty()) j["parallel"].erase("device_speeds");
   const std::string text = j.dump(2) + "\n";
   return sha256_hex(text.data(), text.size());
+}
+
+namespace {
+
+// The full path of a field given in full or by an unambiguous trailing part ("seq_len").
+result<std::string> resolve_field_path(const std::string& field) {
+  std::vector<std::string> matches;
+  for (const auto& f : project_fields()) {
+    if (f.path == field) return f.path;
+    if (f.path.size() > field.size() && f.path.compare(f.path.size() - field.size(), field.size(), field) == 0 &&
+        f.path[f.path.size() - field.size() - 1] == '.')
+      matches.push_back(f.path);
+  }
+  if (matches.size() == 1) return matches.front();
+  if (matches.empty()) return make_error("{}: no such project field (lorapipe-cli init --fields lists them)", field);
+  return make_error("{}: ambiguous, say which: {}", field, fmt::join(matches, ", "));
+}
+
+template <class T>
+std::string parse_setting(const std::string& text, T& out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (text == "true" || text == "on" || text == "yes" || text == "1") out = true;
+    else if (text == "false" || text == "off" || text == "no" || text == "0") out = false;
+    else return "must be true or false (on/off)";
+  } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
+    T v{};
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+      return std::is_same_v<T, int64_t> ? "must be an integer" : "must be a number";
+    out = v;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    out = text;
+  } else {
+    std::vector<std::string> items;
+    std::stringstream ss(text);
+    for (std::string item; std::getline(ss, item, ',');)
+      if (!item.empty()) items.push_back(item);
+    out = items;
+  }
+  return {};
+}
+
+}  // namespace
+
+result<std::string> set_project_field(project_config& c, const std::string& field, const std::string& value) {
+  LP_TRY_ASSIGN(path, resolve_field_path(field));
+  std::string err;
+  visit_fields(c, [&](const char* p, auto& member, const char*) {
+    if (path == p) err = parse_setting(value, member);
+  });
+  if (!err.empty()) return make_error("{}: '{}' {}", path, value, err);
+  return path;
+}
+
+std::string project_field_text(const project_config& c, const std::string& path) {
+  std::string out;
+  visit_fields(const_cast<project_config&>(c), [&](const char* p, auto& member, const char*) {
+    if (path != p) return;
+    using T = std::decay_t<decltype(member)>;
+    if constexpr (std::is_same_v<T, bool>) out = member ? "true" : "false";
+    else if constexpr (std::is_same_v<T, std::string>) out = member;
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>) out = fmt::format("{}", fmt::join(member, ","));
+    else out = json(member).dump();
+  });
+  return out;
 }
 
 }  // namespace lorapipe

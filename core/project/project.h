@@ -193,6 +193,12 @@ int64_t device_count(const std::string& spec);
 result<std::vector<int32_t>> partition_sizes(const project_config& c);
 // parallel.device_speeds for each of the project's devices (1 where not given), or an error naming the field.
 result<std::vector<double>> device_speeds(const project_config& c);
+// One setting given as text ("data.seq_len" or an unambiguous last part such as "seq_len", and a
+// value as typed on a command line: true/false/on/off, numbers, comma-separated lists) applied to
+// `c`; errors name the field. The resolved path is returned.
+result<std::string> set_project_field(project_config& c, const std::string& field, const std::string& value);
+// A field's current value as text (the form set_project_field reads); empty for an unknown path.
+std::string project_field_text(const project_config& c, const std::string& path);
 // One field as a front-end shows it (the CLI's `init --fields` table, the GUI's project form),
 // all from visit_fields() plus the unit and choice tables in project.cpp.
 struct project_field {

@@ -325,6 +325,64 @@ def main():
               and all(d["h2d_bytes_per_s"] > 0 and d["d2h_concurrent_bytes_per_s"] > 0 and not d["error"] for d in p1["devices"])
               and p1["devices"][1]["speed"] == 0.5 and p2["fingerprint"] == p1["fingerprint"]
               and os.path.exists(p2.get("cache_file", "")), (out1 + err1 + err2)[-800:])
+        # What-if questions, the largest fit, and --write (plan_questions.h).
+        wi = dict(hp)
+        wi["parallel"] = dict(hp["parallel"], schedule="auto", partition="auto")
+        wi["offload"] = dict(hp.get("offload", {}), device_memory_mb=4)
+        json.dump(wi, open(os.path.join(t, "wi.json"), "w"), indent=1)
+        rc, wo, err = run(cli, "plan", os.path.join(t, "wi.json"), "--json", "--what-if", f"seq_len={wi['data']['seq_len'] // 2}",
+                           "--what-if", "devices=+2 p2p=off", "--what-if", "seq_len=lots")
+        wj = json.loads(wo) if rc == 0 else {}
+        answers = wj.get("what_if", [])
+        fit = wj.get("largest_fit", {})
+        ok = rc == 0 and len(answers) == 3
+        if ok:
+            a, b, c = answers
+            base_seq = wi["data"]["seq_len"]
+            ok = (a["changes"] == [{"field": "data.seq_len", "before": str(base_seq), "after": str(base_seq // 2)}] and not a["error"]
+                  and a["after"]["step_seconds"] < a["before"]["step_seconds"]
+                  and b["after"]["devices"] == "cpu:4" and len(b["after"]["peak_bytes"]) == 4
+                  and {"field": "parallel.transport", "before": "auto", "after": "host"} in b["changes"]
+                  and {"field": "parallel.device_speeds", "before": "1,0.5", "after": "1,0.5,1,1"} in b["changes"]
+                  and "data.seq_len" in c["error"] and "after" not in c)
+        if ok:  # the answer is the plan of the changed project
+            half = dict(wi, data=dict(wi["data"], seq_len=base_seq // 2))
+            json.dump(half, open(os.path.join(t, "half.json"), "w"))
+            rc2, o2, _ = run(cli, "plan", os.path.join(t, "half.json"), "--json")
+            hj = json.loads(o2) if rc2 == 0 else {}
+            ok = (hj.get("step_seconds") == a["after"]["step_seconds"] and hj.get("peak_bytes") == a["after"]["peak_bytes"]
+                  and hj.get("schedule") == a["after"]["schedule"])
+        check("plan --what-if: seq_len (equal to planning the changed project), two devices added with p2p off, a bad value named",
+              ok, json.dumps(answers)[:1500] + err[-300:])
+        ok = fit.get("bounded") and fit.get("max_seq_len", 0) > 0 and fit.get("max_rows_per_micro_batch", 0) > 0
+        if ok:  # the largest fit fits, one more does not (the schedule and partition it was found with held)
+            fixed = dict(wi)
+            fixed["parallel"] = dict(wi["parallel"], schedule=wj["schedule"], micro_batches=wj["micro_batches"],
+                                     partition=",".join(map(str, wj["partition"]["layers"])))
+            for seq, want in ((fit["max_seq_len"], ""), (fit["max_seq_len"] + 1, "offload.device_memory_mb")):
+                fixed["data"] = dict(wi["data"], seq_len=seq)
+                json.dump(fixed, open(os.path.join(t, "fx.json"), "w"))
+                rc2, o2, e2 = run(cli, "plan", os.path.join(t, "fx.json"), "--json")
+                refusal = json.loads(o2)["memory"]["refusal"] if rc2 == 0 else "error " + e2
+                ok = ok and (refusal.startswith(want) if want else refusal == "")
+        check("plan: the largest sequence length that fits 4 MiB devices fits, one token more is refused", ok,
+              json.dumps(fit) + (wo + err)[-400:])
+        before = open(os.path.join(t, "wi.json")).read()
+        rc, wo, err = run(cli, "plan", os.path.join(t, "wi.json"), "--write")
+        written = json.load(open(os.path.join(t, "wi.json")))
+        check("plan --write stores the chosen schedule, micro-batches and layers, other fields kept",
+              rc == 0 and written["parallel"]["schedule"] in ("gpipe", "1f1b", "interleaved", "round-robin")
+              and written["parallel"]["partition"] != "auto" and written["data"] == wi["data"] and written["lora"] == wi["lora"]
+              and list(written.keys()) == list(wi.keys()) and f"schedule {written['parallel']['schedule']}" in err, err[-600:])
+        rc, out2, _ = run(cli, "plan", os.path.join(t, "wi.json"), "--json")
+        check("plan of the written project makes the same plan", rc == 0 and json.loads(out2)["program"] == wj["program"], out2[-300:])
+        tight = dict(written)
+        tight["offload"] = dict(written["offload"], device_memory_mb=1)
+        json.dump(tight, open(os.path.join(t, "wi.json"), "w"))
+        before = open(os.path.join(t, "wi.json")).read()
+        rc, _, err = run(cli, "plan", os.path.join(t, "wi.json"), "--write")
+        check("plan --write refuses a plan that does not fit and leaves the file alone",
+              rc != 0 and "does not fit" in err and open(os.path.join(t, "wi.json")).read() == before, err[-400:])
         hp["parallel"]["partition"] = "2,2,1"
         json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
         expect_clean_error(cli, "partition with the wrong stage count", ["plan", os.path.join(t, "hp.json")],

@@ -354,6 +354,19 @@ void GuiTest::mainFlow() {
   QVERIFY2(plan->summary().contains("Layers per stage: <b>") && plan->summary().contains("cpu:1 ×1"), qPrintable(plan->summary()));
   QCOMPARE(project->config().parallel.devices, std::string("cpu:2"));
   QVERIFY(std::any_of(plan->gantt()->bars().begin(), plan->gantt()->bars().end(), [](const GanttBar& b) { return b.kind == BarKind::Backward && b.row == 1; }));
+  QVERIFY2(plan->summary().contains("Largest fit: no device has a capacity"), qPrintable(plan->summary()));
+  // What-if beside the plan (planned off the GUI thread), then the plan's choices kept in the project.
+  auto* whatIf = plan->findChild<QLineEdit*>("planWhatIf");
+  whatIf->setText("seq_len=32 devices=+2");
+  QTest::mouseClick(plan->findChild<QPushButton*>("planAsk"), Qt::LeftButton);
+  QTRY_VERIFY_WITH_TIMEOUT(!plan->askingWhatIf() && plan->whatIfAnswer().contains("tokens/s"), 20000);
+  QVERIFY2(plan->whatIfAnswer().contains("data.seq_len: ") && plan->whatIfAnswer().contains("parallel.devices: cpu:2 -&gt; cpu:4"),
+           qPrintable(plan->whatIfAnswer()));
+  QCOMPARE(project->config().parallel.partition, std::string("auto"));
+  QTest::mouseClick(plan->findChild<QPushButton*>("planKeep"), Qt::LeftButton);
+  QVERIFY2(project->config().parallel.partition != "auto", project->config().parallel.partition.c_str());
+  QCOMPARE(project->config().parallel.schedule, std::string("1f1b"));
+  QTRY_VERIFY_WITH_TIMEOUT(!plan->busy() && plan->summary().contains("Layers per stage"), 20000);
   QVERIFY(w.isWindowModified());
 
   // Train: start from the button, see points arrive, stop.

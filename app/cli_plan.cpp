@@ -1,0 +1,200 @@
+// lorapipe-cli plan: the schedule program for the project, checked and simulated with the engine's
+// cost model (core/engine/plan_report.h), the what-if answers and the largest fit
+// (core/engine/plan_questions.h); printed here as text or JSON, and --write.
+#include "app/cli_plan.h"
+
+#include <iostream>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "app/cli_runs.h"
+#include "core/engine/device_inventory.h"
+#include "core/engine/plan_questions.h"
+#include "core/engine/plan_report.h"
+#include "core/project/project.h"
+
+namespace lorapipe {
+namespace {
+
+std::string prog_label(const project_config& c) {
+  if (c.parallel.schedule == "single") return "single";
+  return fmt::format("{}, micro_batches {}, partition {}", c.parallel.schedule, c.parallel.micro_batches, c.parallel.partition);
+}
+
+struct plan_inputs {
+  const plan_args& args;
+  const project_config& cfg;
+  const plan_report& rep;
+  const std::optional<probe_outcome>& probed;
+  const result<fit_limits>& fit;
+  const std::vector<what_if_answer>& answers;
+};
+
+nlohmann::json summary_json(const plan_summary& s) {
+  return {{"schedule", s.schedule}, {"micro_batches", s.micro_batches}, {"partition", s.partition}, {"devices", s.devices},
+          {"step_seconds", s.step_s}, {"tokens_per_second", s.tokens_per_s}, {"bubble_ratio", s.bubble_ratio},
+          {"peak_bytes", s.peak_bytes}, {"host_bytes", s.host_bytes}, {"fits", s.refusal.empty()}, {"refusal", s.refusal}};
+}
+
+nlohmann::json questions_json(const plan_inputs& in) {
+  nlohmann::json out = {{"what_if", nlohmann::json::array()}};
+  for (const auto& a : in.answers) {
+    nlohmann::json changes = nlohmann::json::array();
+    for (const auto& c : a.changes) changes.push_back({{"field", c.field}, {"before", c.before}, {"after", c.after}});
+    nlohmann::json q = {{"question", a.question}, {"changes", changes}, {"error", a.error}, {"before", summary_json(a.before)}};
+    if (a.error.empty()) q["after"] = summary_json(a.after);
+    out["what_if"].push_back(q);
+  }
+  if (in.fit) {
+    const auto& f = *in.fit;
+    out["largest_fit"] = {{"bounded", f.bounded}, {"note", f.note}, {"max_seq_len", f.max_seq_len},
+                          {"seq_len_at_model_limit", f.seq_len_at_model_limit},
+                          {"max_rows_per_micro_batch", f.max_rows_per_micro_batch}, {"rows_per_micro_batch", f.rows_per_micro_batch}};
+  } else {
+    out["largest_fit"] = {{"bounded", false}, {"note", in.fit.message()}};
+  }
+  return out;
+}
+
+void print_plan_json(const plan_inputs& in) {
+  const auto* rep = &in.rep;
+  const auto& prog = rep->prog;
+  const auto& r = rep->sim;
+  const auto& probed = in.probed;
+  nlohmann::json j = {{"schedule", prog.schedule}, {"devices", prog.num_devices()}, {"micro_batches", prog.micro_batches},
+                      {"stages", prog.stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
+                      {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(prog)},
+                      {"stage_weight_bytes", rep->stage_bytes},
+                      {"head", {{"chunk_rows", rep->head_chunk_rows}, {"working_bytes", rep->head_working_bytes},
+                                {"full_logits_bytes", rep->full_logits_bytes}}},
+                      {"requested_schedule", rep->requested_schedule}, {"candidates", nlohmann::json::array()},
+                      {"partition", {{"layers", rep->partition.sizes}, {"how", rep->partition.how},
+                                     {"step_seconds", rep->partition.step_s}, {"even_step_seconds", rep->partition.even_step_s}}},
+                      {"device_speeds", rep->device_speeds}};
+  for (const auto& c : rep->schedule_candidates)
+    j["candidates"].push_back({{"schedule", c.schedule}, {"micro_batches", c.micro_batches}, {"ok", c.ok}, {"note", c.note},
+                               {"step_seconds", c.step_s}, {"bubble_ratio", c.bubble_ratio}, {"peak_bytes", c.peak_bytes},
+                               {"partition", c.partition}, {"partition_how", c.partition_how}});
+  for (const auto& a : rep->arenas)
+    j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
+  for (const auto& l : rep->links)
+    j["transports"].push_back({{"from", l.from}, {"to", l.to}, {"kind", transport_name(l.kind)}, {"reason", l.reason}});
+  j["peak_bytes"] = nlohmann::json::array();  // the memory plan's bound per device (what the executor checks)
+  auto& mem = j["memory"];
+  mem = {{"devices", nlohmann::json::array()}, {"buffers", nlohmann::json::array()}, {"host_bytes", rep->memory.host_bytes},
+         {"refusal", rep->memory_refusal}};
+  for (size_t d = 0; d < rep->memory.devices.size(); ++d) {
+    const auto& dp = rep->memory.devices[d];
+    j["peak_bytes"].push_back(dp.peak_bytes);
+    nlohmann::json held = nlohmann::json::object();
+    for (const auto& [name, bytes] : dp.held) held[name] = bytes;
+    mem["devices"].push_back({{"device", d < rep->devices.size() ? rep->devices[d].name : std::to_string(d)},
+                              {"peak_bytes", dp.peak_bytes}, {"expected_peak_bytes", dp.expected_peak_bytes},
+                              {"peak_at_seconds", dp.at_s}, {"held_at_peak", held}});
+  }
+  for (const auto& b : rep->memory.buffers)
+    mem["buffers"].push_back({{"name", b.name}, {"home", b.home < 0 ? std::string("host") : rep->devices.at(static_cast<size_t>(b.home)).name},
+                              {"bytes", b.bytes}, {"count", b.count}, {"lifetime", b.lifetime}});
+  if (probed) {
+    j["probe"] = nlohmann::json::parse(inventory_to_json(probed->inventory));
+    j["probe"]["from_cache"] = probed->from_cache;
+    j["probe"]["cache_file"] = probed->cache_file.string();
+  }
+  j.update(questions_json(in));
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_plan_text(const plan_inputs& in) {
+  const auto* rep = &in.rep;
+  const auto* p = &in.cfg;
+  const auto& prog = rep->prog;
+  const auto& r = rep->sim;
+  const auto& probed = in.probed;
+  const std::string& path = in.args.project;
+  const double gflops = in.args.gflops;
+  if (probed) {
+    const auto& inv = probed->inventory;
+    std::cout << (probed->from_cache ? fmt::format("devices (probe of {} reused from {}):\n", inv.when, probed->cache_file.string())
+                                     : fmt::format("devices (probed in {:.2f} s with {} MiB copies{}):\n", inv.probe_seconds,
+                                                   inv.probe_bytes >> 20, probed->cache_note.empty() ? "" : "; " + probed->cache_note))
+              << inventory_text(inv)
+              << fmt::format("  the prediction costs copies at {:.2f} GB/s (the slowest measured with every device copying)\n",
+                             with_probed_bandwidth(*p, inv).offload.copy_gbps);
+  }
+  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
+                           prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
+  std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
+  if (!rep->schedule_candidates.empty()) {
+    std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
+    for (const auto& c : rep->schedule_candidates)
+      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB, layers {} ({})\n", c.schedule,
+                                       c.micro_batches, c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0, c.partition, c.partition_how)
+                         : fmt::format("  {:<12} x{:<3} not possible: {}\n", c.schedule, c.micro_batches, c.note));
+  }
+  if (!rep->partition.sizes.empty()) {
+    const auto& pc = rep->partition;
+    std::string speeds;
+    for (size_t d = 0; d < rep->device_speeds.size() && d < rep->devices.size(); ++d)
+      speeds += fmt::format("{}{} x{:g}", speeds.empty() ? "" : ", ", rep->devices[d].name, rep->device_speeds[d]);
+    std::cout << fmt::format("layers per stage: {} ({}{}); device speeds: {}\n", partition_text(pc.sizes), pc.how,
+                             pc.how == "balanced" && pc.even_step_s > 0
+                                 ? fmt::format(", {:.1f}% faster than even at {:.3f} s", 100 * (1 - pc.step_s / pc.even_step_s), pc.even_step_s)
+                                 : std::string(),
+                             speeds);
+  }
+  std::vector<std::string> names;
+  for (const auto& f : rep->devices) names.push_back(f.name);
+  std::cout << "memory plan (peak: the bound checked before anything is allocated; expected: with copies on time):\n"
+            << memory_plan_text(rep->memory, names);
+  for (size_t d = 0; d < r.busy_s.size(); ++d)
+    std::cout << fmt::format("  device {}: weight arena {:.1f} MiB ({} stage(s) at once), busy {:.3f} s\n", d,
+                             rep->arenas[d].bytes / 1048576.0, rep->arenas[d].max_stages, r.busy_s[d]);
+  if (!rep->memory_refusal.empty()) std::cout << "does not fit: " << rep->memory_refusal << "\n";
+  std::cout << fmt::format("  LM head: loss on labelled positions only, {} rows per chunk, working set {:.1f} MiB "
+                           "(full logits, softmax and gradient would take {:.1f} MiB per micro-batch)\n",
+                           rep->head_chunk_rows, rep->head_working_bytes / 1048576.0, rep->full_logits_bytes / 1048576.0);
+  for (const auto& l : rep->links)
+    std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);
+  std::cout << (in.fit ? fit_limits_text(*in.fit, in.cfg) : "largest fit: " + in.fit.message() + "\n");
+  for (const auto& a : in.answers) std::cout << what_if_text(a);
+  if (in.args.grid) std::cout << program_grid(prog);
+}
+
+}  // namespace
+
+int cmd_plan(const plan_args& a) {
+  auto p = load_project(a.project);
+  if (!p) return cli_fail(p.message());
+  if (!a.devices.empty()) p->parallel.devices = a.devices;
+  if (!a.schedule.empty()) p->parallel.schedule = a.schedule;
+  if (auto st = validate_project(*p); !st) return cli_fail(fmt::format("{} is not valid:\n{}", a.project, st.message()));
+  std::optional<probe_outcome> probed;
+  if (a.probe > 0) {
+    probe_request req;
+    req.refresh = a.probe > 1;
+    auto out = probe_project_devices(*p, req);
+    if (!out) return cli_fail(out.message());
+    probed = std::move(*out);
+  }
+  const device_inventory* inv = probed ? &probed->inventory : nullptr;
+  auto rep = make_plan(*p, a.gflops, inv);
+  if (!rep) return cli_fail(rep.message());
+  const auto fit = largest_fit(with_plan_choices(*p, *rep), project_capacity(*p, inv));
+  std::vector<what_if_answer> answers;
+  const plan_summary base = summarize_plan(*p, *rep);
+  for (const auto& q : a.what_if) answers.push_back(what_if(*p, base, q, a.gflops, inv));
+  const plan_inputs in{a, *p, *rep, probed, fit, answers};
+  if (a.json) print_plan_json(in);
+  else print_plan_text(in);
+  if (a.write) {
+    if (!rep->memory_refusal.empty()) return cli_fail(fmt::format("the plan does not fit ({}); {} left as it was", rep->memory_refusal, a.project));
+    if (auto st = write_plan_choices(a.project, *p, *rep); !st) return cli_fail(st.message());
+    std::fputs(fmt::format("wrote the plan's choices to {}: parallel.devices {}, schedule {}\n", a.project, p->parallel.devices,
+                           prog_label(with_plan_choices(*p, *rep))).c_str(), stderr);
+  }
+  return 0;
+}
+
+}  // namespace lorapipe

@@ -1,0 +1,257 @@
+// What-if, largest fit and writing the plan's choices: see plan_questions.h.
+#include "core/engine/plan_questions.h"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/device_spec.h"
+#include "core/base/file_io.h"
+#include "core/pipeline/cost_model.h"
+#include "core/pipeline/partition_search.h"
+
+namespace lorapipe {
+
+namespace {
+
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+
+// "+1" / "-2" as a signed count; nullopt for anything else.
+std::optional<int> device_delta(const std::string& v) {
+  if (v.size() < 2 || (v[0] != '+' && v[0] != '-')) return std::nullopt;
+  int n = 0;
+  const auto [end, ec] = std::from_chars(v.data() + 1, v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size()) return std::nullopt;
+  return v[0] == '+' ? n : -n;
+}
+
+// parallel.devices with `delta` devices added (CPU: one more virtual device; CUDA: the next ordinal
+// after the largest) or removed from the end.
+result<std::string> shift_devices(const std::string& spec, int delta) {
+  LP_TRY_ASSIGN(ds, parse_device_spec(spec));
+  const int n = ds.count() + delta;
+  if (n < 1) return make_error("devices: {} leaves no device of {}", delta, spec);
+  if (ds.gpus.empty()) return n == 1 ? std::string("cpu") : fmt::format("cpu:{}", n);
+  std::vector<int> g = ds.gpus;
+  while (static_cast<int>(g.size()) > n) g.pop_back();
+  while (static_cast<int>(g.size()) < n) g.push_back(*std::max_element(g.begin(), g.end()) + 1);
+  return fmt::format("cuda:{}", fmt::join(g, ","));
+}
+
+// After a change of device count: settings per device of the old set no longer apply.
+void refit_per_device(project_config& c, const project_config& before, bool speeds_given, std::vector<what_if_change>& changes) {
+  const int64_t n = device_count(c.parallel.devices);
+  if (n == device_count(before.parallel.devices)) return;
+  if (c.parallel.partition != "auto" && c.parallel.partition != "even") {
+    changes.push_back({"parallel.partition", c.parallel.partition, "auto"});
+    c.parallel.partition = "auto";
+  }
+  if (!speeds_given && !c.parallel.device_speeds.empty()) {
+    std::vector<std::string> s;
+    std::stringstream ss(c.parallel.device_speeds);
+    for (std::string x; std::getline(ss, x, ',');) s.push_back(x);
+    s.resize(static_cast<size_t>(n), "1");
+    const std::string after = fmt::format("{}", fmt::join(s, ","));
+    changes.push_back({"parallel.device_speeds", c.parallel.device_speeds, after});
+    c.parallel.device_speeds = after;
+  }
+}
+
+}  // namespace
+
+plan_summary summarize_plan(const project_config& cfg, const plan_report& rep) {
+  plan_summary s;
+  s.schedule = rep.prog.schedule;
+  s.micro_batches = rep.prog.micro_batches;
+  s.partition = partition_text(rep.partition.sizes);
+  s.devices = cfg.parallel.devices;
+  s.step_s = rep.sim.makespan_s;
+  s.tokens_per_s = s.step_s > 0 ? static_cast<double>(cfg.run.batch_size * cfg.data.seq_len) / s.step_s : 0;
+  s.bubble_ratio = rep.sim.bubble_ratio;
+  for (const auto& d : rep.memory.devices) s.peak_bytes.push_back(d.peak_bytes);
+  s.host_bytes = rep.memory.host_bytes;
+  s.refusal = rep.memory_refusal;
+  return s;
+}
+
+result<what_if_variant> apply_what_if(const project_config& cfg, const std::string& question) {
+  what_if_variant v{cfg, {}};
+  std::stringstream ss(question);
+  bool speeds_given = false;
+  for (std::string item; ss >> item;) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return make_error("what-if '{}': expected field=value (e.g. seq_len=2048, devices=cpu:3, devices=+1, p2p=off)", item);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    std::string field, text = value;
+    if (key == "p2p") {
+      if (value != "on" && value != "off") return make_error("p2p: '{}' must be on or off", value);
+      field = "parallel.transport";
+      text = value == "off" ? "host" : "peer";
+    } else if (key == "devices" || key == "parallel.devices") {
+      field = "parallel.devices";
+      if (auto delta = device_delta(value)) {
+        LP_TRY_ASSIGN(shifted, shift_devices(v.cfg.parallel.devices, *delta));
+        text = shifted;
+      }
+    } else {
+      field = key;
+    }
+    const project_config prior = v.cfg;
+    LP_TRY_ASSIGN(path, set_project_field(v.cfg, field, text));
+    if (path == "parallel.device_speeds") speeds_given = true;
+    v.changes.push_back({path, project_field_text(prior, path), project_field_text(v.cfg, path)});
+  }
+  if (v.changes.empty()) return make_error("what-if: no setting given (e.g. seq_len=2048)");
+  refit_per_device(v.cfg, cfg, speeds_given, v.changes);
+  LP_TRY(validate_project(v.cfg));
+  return v;
+}
+
+what_if_answer what_if(const project_config& cfg, const plan_summary& base, const std::string& question, double gflops,
+                       const device_inventory* probe) {
+  what_if_answer a;
+  a.question = question;
+  a.before = base;
+  auto v = apply_what_if(cfg, question);
+  if (!v) {
+    a.error = v.message();
+    return a;
+  }
+  a.changes = v->changes;
+  const bool same_devices = v->cfg.parallel.devices == cfg.parallel.devices;
+  auto rep = make_plan(v->cfg, gflops, same_devices ? probe : nullptr);
+  if (!rep) {
+    a.error = rep.message();
+    return a;
+  }
+  a.after = summarize_plan(v->cfg, *rep);
+  return a;
+}
+
+std::string what_if_text(const what_if_answer& a) {
+  std::string out = fmt::format("what if {}:\n", a.question);
+  for (const auto& c : a.changes) out += fmt::format("  {}: {} -> {}\n", c.field, c.before.empty() ? "\"\"" : c.before, c.after);
+  if (!a.error.empty()) return out + "  cannot be planned: " + a.error + "\n";
+  const auto& b = a.before;
+  const auto& f = a.after;
+  const auto pct = [](double x, double y) { return x > 0 ? fmt::format("{:+.1f}%", 100 * (y / x - 1)) : std::string("n/a"); };
+  out += fmt::format("  plan: {} x{} on {} ({}) -> {} x{} on {} ({})\n", b.schedule, b.micro_batches, b.devices,
+                     b.partition.empty() ? "one stage" : "layers " + b.partition, f.schedule, f.micro_batches, f.devices,
+                     f.partition.empty() ? "one stage" : "layers " + f.partition);
+  out += fmt::format("  step {:.4f} s -> {:.4f} s ({}), {:.0f} -> {:.0f} tokens/s ({}), bubble {:.3f} -> {:.3f}\n", b.step_s,
+                     f.step_s, pct(b.step_s, f.step_s), b.tokens_per_s, f.tokens_per_s, pct(b.tokens_per_s, f.tokens_per_s),
+                     b.bubble_ratio, f.bubble_ratio);
+  const auto peaks = [](const plan_summary& s) {
+    std::vector<std::string> p;
+    for (double x : s.peak_bytes) p.push_back(fmt::format("{:.1f}", x / 1048576.0));
+    return fmt::format("{} MiB", fmt::join(p, " / "));
+  };
+  out += fmt::format("  peak per device {} -> {}; host {} -> {}\n", peaks(b), peaks(f), mib(b.host_bytes), mib(f.host_bytes));
+  if (b.refusal.empty() != f.refusal.empty() || !f.refusal.empty())
+    out += fmt::format("  {} -> {}\n", b.refusal.empty() ? "fits" : "does not fit", f.refusal.empty() ? "fits" : "does not fit: " + f.refusal);
+  return out;
+}
+
+std::vector<size_t> project_capacity(const project_config& cfg, const device_inventory* probe) {
+  const int64_t n = std::max<int64_t>(1, device_count(cfg.parallel.devices));
+  std::vector<size_t> cap(static_cast<size_t>(n), 0);
+  const bool probed = probe != nullptr && probe->devices.size() == cap.size();
+  for (size_t d = 0; d < cap.size(); ++d)
+    cap[d] = probed ? probe->devices[d].capacity_bytes : static_cast<size_t>(std::max(0.0, cfg.offload.device_memory_mb) * 1048576.0);
+  return cap;
+}
+
+result<fit_limits> largest_fit(const project_config& cfg_in, const std::vector<size_t>& capacity) {
+  fit_limits f;
+  LP_TRY_ASSIGN(cfg, resolve_project_schedule(cfg_in));
+  f.rows_per_micro_batch = cfg.parallel.schedule == "single" ? cfg.run.batch_size : cfg.run.batch_size / cfg.parallel.micro_batches;
+  if (cfg.parallel.schedule == "single") {
+    f.note = "one device without a pipeline: its memory is not planned";
+    return f;
+  }
+  f.bounded = std::any_of(capacity.begin(), capacity.end(), [](size_t c) { return c > 0; });
+  if (!f.bounded) {
+    f.note = "no device has a capacity (set offload.device_memory_mb, or plan --probe for CUDA devices)";
+    return f;
+  }
+  LP_TRY_ASSIGN(mc, project_model_config(cfg));
+  LP_TRY_ASSIGN(sizes, partition_sizes(cfg));
+  LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, sizes));
+  std::vector<size_t> cap = capacity;
+  for (auto& c : cap)
+    if (c == 0) c = std::numeric_limits<size_t>::max();
+  std::vector<std::string> names(cap.size());
+  const auto fits = [&](int64_t seq_len, int64_t rows) {
+    project_config c = cfg;
+    c.data.seq_len = seq_len;
+    c.run.batch_size = rows * prog.micro_batches;
+    const memory_plan plan = project_memory_plan(prog, mc, c, auto_schedule_gflops);
+    return check_memory_plan(plan, cap, names).ok();
+  };
+  // The largest x in [1, hi] with ok(x), the plans growing with x; 0 when ok(1) fails.
+  const auto largest = [](int64_t hi, const auto& ok) {
+    if (!ok(1)) return int64_t{0};
+    int64_t lo = 1;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (ok(mid)) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  };
+  const int64_t context = mc.context_length();
+  const int64_t seq_cap = context > 0 ? std::min<int64_t>(context, int64_t{1} << 22) : int64_t{1} << 22;
+  const int64_t rows = f.rows_per_micro_batch;
+  f.max_seq_len = largest(seq_cap, [&](int64_t s) { return fits(s, rows); });
+  f.seq_len_at_model_limit = f.max_seq_len == seq_cap && context > 0 && context <= seq_cap;
+  f.max_rows_per_micro_batch = largest(int64_t{1} << 16, [&](int64_t r) { return fits(cfg.data.seq_len, r); });
+  if (f.max_seq_len == 0) f.note = "not even one token per sequence fits: the weights and LoRA state alone exceed a device";
+  return f;
+}
+
+std::string fit_limits_text(const fit_limits& f, const project_config& cfg) {
+  if (!f.bounded || f.max_seq_len == 0) return "largest fit: " + f.note + "\n";
+  return fmt::format("largest fit with this schedule and partition: data.seq_len up to {}{} (at {} sequences per micro-batch); "
+                     "up to {} sequences per micro-batch at data.seq_len {} (now {})\n",
+                     f.max_seq_len, f.seq_len_at_model_limit ? " (the model's context length)" : "", f.rows_per_micro_batch,
+                     f.max_rows_per_micro_batch, cfg.data.seq_len, f.rows_per_micro_batch);
+}
+
+project_config with_plan_choices(const project_config& cfg, const plan_report& rep) {
+  project_config c = cfg;
+  c.parallel.schedule = rep.prog.schedule;
+  if (rep.prog.schedule != "single") {
+    c.parallel.micro_batches = rep.prog.micro_batches;
+    c.parallel.partition = rep.partition.how == "even" ? std::string("even") : partition_text(rep.partition.sizes);
+  }
+  return c;
+}
+
+status write_plan_choices(const std::filesystem::path& project_file, const project_config& planned, const plan_report& rep) {
+  LP_TRY_ASSIGN(text, read_text_file(project_file));
+  auto j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return make_error("{}: not a JSON object; nothing written", project_file.string());
+  const project_config chosen = with_plan_choices(planned, rep);
+  auto& par = j["parallel"];
+  if (!par.is_object()) par = nlohmann::ordered_json::object();
+  par["devices"] = chosen.parallel.devices;
+  par["schedule"] = chosen.parallel.schedule;
+  if (chosen.parallel.schedule != "single") {
+    par["micro_batches"] = chosen.parallel.micro_batches;
+    par["partition"] = chosen.parallel.partition;
+  }
+  const std::string out = j.dump(2) + "\n";
+  // What is written must read back as a valid project (same folder, same relative paths).
+  LP_TRY_ASSIGN(back, parse_project(out, project_file));
+  LP_TRY(validate_project(back));
+  return write_file_atomic(project_file, out);
+}
+
+}  // namespace lorapipe

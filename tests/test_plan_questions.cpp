@@ -1,0 +1,191 @@
+// Questions asked of a plan (core/engine/plan_questions.h) on the stories260K Llama: settings given
+// as text (set_project_field), what-if answers equal to planning the changed project directly, the
+// device shorthands (+N/-N, p2p), the largest sequence length and micro-batch that fit (one more is
+// refused by the same memory plan), and writing the plan's choices into a project file.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/file_io.h"
+#include "core/engine/plan_questions.h"
+#include "core/engine/plan_report.h"
+#include "test_paths.h"
+
+using namespace lorapipe;
+namespace fs = std::filesystem;
+
+namespace {
+
+project_config stories_pipeline() {
+  project_config c;
+  c.model.path = (test_data_dir() / "models/stories260K/hf").string();
+  c.data.train = (test_data_dir() / "text/tinyshakespeare.txt").string();
+  c.parallel.devices = "cpu:2";
+  c.parallel.schedule = "1f1b";
+  c.parallel.micro_batches = 4;
+  c.parallel.partition = "3,2";
+  c.run.batch_size = 8;
+  c.data.seq_len = 64;
+  c.offload.copy_gbps = 2;
+  return c;
+}
+
+plan_summary plan_of(const project_config& c) {
+  auto rep = make_plan(c, 100);
+  EXPECT_TRUE(rep.ok()) << rep.message();
+  return summarize_plan(c, rep.value());
+}
+
+}  // namespace
+
+TEST(PlanQuestions, SettingsAreTypedAndNamed) {
+  project_config c;
+  EXPECT_EQ(set_project_field(c, "seq_len", "2048").value(), "data.seq_len");
+  EXPECT_EQ(c.data.seq_len, 2048);
+  EXPECT_EQ(set_project_field(c, "offload.stream_weights", "off").value(), "offload.stream_weights");
+  EXPECT_FALSE(c.offload.stream_weights);
+  EXPECT_EQ(set_project_field(c, "copy_gbps", "1.5").value(), "offload.copy_gbps");
+  EXPECT_DOUBLE_EQ(c.offload.copy_gbps, 1.5);
+  EXPECT_EQ(set_project_field(c, "targets", "q_proj,v_proj").value(), "lora.targets");
+  EXPECT_EQ(c.lora.targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(set_project_field(c, "r", "4").value(), "lora.r");
+  EXPECT_EQ(project_field_text(c, "lora.targets"), "q_proj,v_proj");
+  EXPECT_EQ(project_field_text(c, "offload.copy_gbps"), "1.5");
+  EXPECT_EQ(set_project_field(c, "seq_len", "12x").message(), "data.seq_len: '12x' must be an integer");
+  EXPECT_EQ(set_project_field(c, "stream_weights", "maybe").message(), "offload.stream_weights: 'maybe' must be true or false (on/off)");
+  EXPECT_NE(set_project_field(c, "path", "x").message().find("path: ambiguous, say which: model.path, tokenizer.path"), std::string::npos);
+  EXPECT_NE(set_project_field(c, "nope", "1").message().find("nope: no such project field"), std::string::npos);
+  EXPECT_EQ(c.data.seq_len, 2048);  // a rejected setting leaves the config alone
+}
+
+TEST(PlanQuestions, WhatIfEqualsPlanningTheChangedProject) {
+  const project_config c = stories_pipeline();
+  const plan_summary base = plan_of(c);
+  const auto a = what_if(c, base, "seq_len=128 micro_batches=2", 100, nullptr);
+  ASSERT_TRUE(a.error.empty()) << a.error;
+  ASSERT_EQ(a.changes.size(), 2u);
+  EXPECT_EQ(a.changes[0].field, "data.seq_len");
+  EXPECT_EQ(a.changes[0].before, "64");
+  EXPECT_EQ(a.changes[0].after, "128");
+  EXPECT_EQ(a.changes[1].field, "parallel.micro_batches");
+  project_config direct = c;
+  direct.data.seq_len = 128;
+  direct.parallel.micro_batches = 2;
+  const plan_summary want = plan_of(direct);
+  EXPECT_EQ(a.after.micro_batches, 2);
+  EXPECT_DOUBLE_EQ(a.after.step_s, want.step_s);
+  EXPECT_EQ(a.after.peak_bytes, want.peak_bytes);
+  EXPECT_GT(a.after.step_s, a.before.step_s);
+  for (size_t d = 0; d < 2; ++d) EXPECT_GT(a.after.peak_bytes[d], a.before.peak_bytes[d]);
+  const std::string text = what_if_text(a);
+  EXPECT_NE(text.find("data.seq_len: 64 -> 128"), std::string::npos) << text;
+  EXPECT_NE(text.find("1f1b x4 on cpu:2 (layers 3,2) -> 1f1b x2 on cpu:2 (layers 3,2)"), std::string::npos) << text;
+}
+
+TEST(PlanQuestions, DevicesAddedOrRemovedAndP2POff) {
+  project_config c = stories_pipeline();
+  c.parallel.device_speeds = "1,0.5";
+  const plan_summary base = plan_of(c);
+  auto v = apply_what_if(c, "devices=+1 p2p=off");
+  ASSERT_TRUE(v.ok()) << v.message();
+  EXPECT_EQ(v->cfg.parallel.devices, "cpu:3");
+  EXPECT_EQ(v->cfg.parallel.transport, "host");
+  EXPECT_EQ(v->cfg.parallel.partition, "auto");  // "3,2" was for two stages
+  EXPECT_EQ(v->cfg.parallel.device_speeds, "1,0.5,1");
+  const auto a = what_if(c, base, "devices=+1 p2p=off", 100, nullptr);
+  ASSERT_TRUE(a.error.empty()) << a.error;
+  EXPECT_EQ(a.after.peak_bytes.size(), 3u);
+  EXPECT_EQ(a.after.devices, "cpu:3");
+  EXPECT_EQ(apply_what_if(c, "devices=-1")->cfg.parallel.devices, "cpu");
+  EXPECT_NE(apply_what_if(c, "devices=-2").message().find("leaves no device"), std::string::npos);
+  project_config g = c;
+  g.parallel.devices = "cuda:0,2";
+  EXPECT_EQ(apply_what_if(g, "devices=+2")->cfg.parallel.devices, "cuda:0,2,3,4");
+  // Errors name the setting; an answer that cannot be planned says why, with the plan as it is.
+  EXPECT_NE(apply_what_if(c, "p2p=maybe").message().find("p2p: 'maybe' must be on or off"), std::string::npos);
+  EXPECT_NE(apply_what_if(c, "seq_len").message().find("expected field=value"), std::string::npos);
+  const auto bad = what_if(c, base, "schedule=zigzag", 100, nullptr);
+  EXPECT_NE(bad.error.find("parallel.schedule"), std::string::npos) << bad.error;
+  EXPECT_NE(what_if_text(bad).find("cannot be planned"), std::string::npos);
+}
+
+TEST(PlanQuestions, LargestFitFitsAndOneMoreIsRefused) {
+  project_config c = stories_pipeline();
+  c.offload.device_memory_mb = 3;
+  const auto f = largest_fit(c, project_capacity(c, nullptr));
+  ASSERT_TRUE(f.ok()) << f.message();
+  ASSERT_TRUE(f->bounded);
+  EXPECT_EQ(f->rows_per_micro_batch, 2);
+  ASSERT_GT(f->max_seq_len, 0);
+  ASSERT_LT(f->max_seq_len, 512);  // memory, not the model's context, stops it
+  EXPECT_FALSE(f->seq_len_at_model_limit);
+  const auto refusal_at = [&](int64_t seq_len, int64_t rows) {
+    project_config x = c;
+    x.data.seq_len = seq_len;
+    x.run.batch_size = rows * x.parallel.micro_batches;
+    return make_plan(x, 100).value().memory_refusal;
+  };
+  EXPECT_EQ(refusal_at(f->max_seq_len, 2), "");
+  EXPECT_NE(refusal_at(f->max_seq_len + 1, 2), "");
+  ASSERT_GT(f->max_rows_per_micro_batch, 0);
+  EXPECT_EQ(refusal_at(64, f->max_rows_per_micro_batch), "");
+  EXPECT_NE(refusal_at(64, f->max_rows_per_micro_batch + 1), "");
+  // Plenty of memory: the model's context length is the limit.
+  c.offload.device_memory_mb = 4096;
+  const auto roomy = largest_fit(c, project_capacity(c, nullptr));
+  EXPECT_EQ(roomy->max_seq_len, 512);
+  EXPECT_TRUE(roomy->seq_len_at_model_limit);
+  // No capacity: nothing to search; too little: nothing fits.
+  c.offload.device_memory_mb = 0;
+  EXPECT_FALSE(largest_fit(c, project_capacity(c, nullptr))->bounded);
+  c.offload.device_memory_mb = 0.05;
+  const auto none = largest_fit(c, project_capacity(c, nullptr));
+  EXPECT_EQ(none->max_seq_len, 0);
+  EXPECT_NE(fit_limits_text(*none, c).find("not even one token"), std::string::npos);
+}
+
+TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lp_write_{}", ::getpid());
+  fs::create_directories(dir);
+  project_config c = stories_pipeline();
+  c.parallel.schedule = "auto";
+  c.parallel.partition = "auto";
+  c.parallel.device_speeds = "1,0.5";
+  // A hand-written file: fields in its own order, most left at their defaults.
+  nlohmann::ordered_json j;
+  j["name"] = "mine";
+  j["run"] = {{"batch_size", 8}, {"steps", 3}};
+  j["model"] = {{"path", c.model.path}};
+  j["data"] = {{"train", c.data.train}, {"seq_len", 64}};
+  j["parallel"] = {{"devices", "cpu:2"}, {"device_speeds", "1,0.5"}};
+  j["offload"] = {{"copy_gbps", 2}};
+  const fs::path file = dir / "p.json";
+  ASSERT_TRUE(write_file_atomic(file, j.dump(2)).ok());
+  auto loaded = load_project(file);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  auto rep = make_plan(*loaded, 100);
+  ASSERT_TRUE(rep.ok()) << rep.message();
+  ASSERT_EQ(rep->partition.how, "balanced");
+  ASSERT_TRUE(write_plan_choices(file, *loaded, *rep).ok());
+  const auto back = nlohmann::ordered_json::parse(read_text_file(file).value());
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : back.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"name", "run", "model", "data", "parallel", "offload"}));
+  EXPECT_EQ(back["run"], j["run"]);
+  EXPECT_EQ(back["data"], j["data"]);
+  EXPECT_EQ(back["parallel"]["schedule"], rep->prog.schedule);
+  EXPECT_EQ(back["parallel"]["micro_batches"], rep->prog.micro_batches);
+  EXPECT_EQ(back["parallel"]["partition"], partition_text(rep->partition.sizes));
+  EXPECT_EQ(back["parallel"]["device_speeds"], "1,0.5");
+  // The written project plans to the same program.
+  auto again = make_plan(load_project(file).value(), 100);
+  ASSERT_TRUE(again.ok()) << again.message();
+  EXPECT_EQ(program_to_text(again->prog), program_to_text(rep->prog));
+  // A file that is not a project object is left alone.
+  ASSERT_TRUE(write_file_atomic(file, "[1, 2]").ok());
+  EXPECT_FALSE(write_plan_choices(file, *loaded, *rep).ok());
+  EXPECT_EQ(read_text_file(file).value(), "[1, 2]");
+  fs::remove_all(dir);
+}
