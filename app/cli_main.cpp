@@ -238,6 +238,10 @@ int main(int argc, char** argv) {
   plan->add_flag("--probe", plan_probe, "Probe the devices (memory, PCIe, timed copies alone and all at once, peer copies; cached by "
                  "fingerprint) and cost copies at the measured bandwidth");
   plan->add_flag("--reprobe", plan_reprobe, "As --probe, measuring again even when the cache has these devices");
+  bool plan_profile = false, plan_reprofile = false;
+  plan->add_flag("--profile", plan_profile, "Profile the layers on the first device (forward, backward, embedding, head at the project's "
+                 "micro-batch shape; cached) and plan with the measured times: later plans and train's auto use the cached profile");
+  plan->add_flag("--reprofile", plan_reprofile, "As --profile, measuring again even when the cache has this profile");
   plan->add_flag("--grid", pa.grid, "Print the device-by-time grid of the program");
   plan->add_option("--devices", pa.devices, "Override parallel.devices (as train does)");
   plan->add_option("--schedule", pa.schedule, "Override parallel.schedule (auto, single, gpipe, 1f1b, interleaved, round-robin)");
@@ -296,6 +300,7 @@ int main(int argc, char** argv) {
     }
     if (*plan) {
       pa.probe = plan_reprobe ? 2 : plan_probe ? 1 : 0;
+      pa.profile = plan_reprofile ? 2 : plan_profile ? 1 : 0;
       return cmd_plan(pa);
     }
   } catch (const std::exception& e) {  // the engine returns errors as values; this is the last resort

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli_runs.h"
+#include "core/engine/compute_profile.h"
 #include "core/engine/device_inventory.h"
 #include "core/engine/plan_questions.h"
 #include "core/engine/plan_report.h"
@@ -28,6 +29,7 @@ struct plan_inputs {
   const project_config& cfg;
   const plan_report& rep;
   const std::optional<probe_outcome>& probed;
+  const std::optional<profile_outcome>& profiled;
   const result<fit_limits>& fit;
   const std::vector<what_if_answer>& answers;
 };
@@ -102,6 +104,12 @@ void print_plan_json(const plan_inputs& in) {
     j["probe"]["from_cache"] = probed->from_cache;
     j["probe"]["cache_file"] = probed->cache_file.string();
   }
+  j["compute"] = rep->compute;
+  if (in.profiled) {
+    j["layer_profile"] = nlohmann::json::parse(layer_profile_to_json(in.profiled->profile, in.profiled->key));
+    j["layer_profile"]["from_cache"] = in.profiled->from_cache;
+    j["layer_profile"]["cache_file"] = in.profiled->cache_file.string();
+  }
   j.update(questions_json(in));
   std::cout << j.dump(2) << "\n";
 }
@@ -113,7 +121,12 @@ void print_plan_text(const plan_inputs& in) {
   const auto& r = rep->sim;
   const auto& probed = in.probed;
   const std::string& path = in.args.project;
-  const double gflops = in.args.gflops;
+  if (in.profiled) {
+    const auto& pr = *in.profiled;
+    std::cout << (pr.from_cache ? fmt::format("layer profile reused from {}\n", pr.cache_file.string())
+                                : fmt::format("layer profile measured now{}\n", pr.cache_note.empty() ? "" : " (" + pr.cache_note + ")"))
+              << layer_profile_text(pr.profile);
+  }
   if (probed) {
     const auto& inv = probed->inventory;
     std::cout << (probed->from_cache ? fmt::format("devices (probe of {} reused from {}):\n", inv.when, probed->cache_file.string())
@@ -125,7 +138,7 @@ void print_plan_text(const plan_inputs& in) {
   }
   std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
-  std::cout << fmt::format("estimated step {:.3f} s at {:.0f} GFLOP/s per device, bubble ratio {:.3f}\n", r.makespan_s, gflops, r.bubble_ratio);
+  std::cout << fmt::format("estimated step {:.3f} s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s, rep->compute, r.bubble_ratio);
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
     for (const auto& c : rep->schedule_candidates)
@@ -179,13 +192,23 @@ int cmd_plan(const plan_args& a) {
     probed = std::move(*out);
   }
   const device_inventory* inv = probed ? &probed->inventory : nullptr;
-  auto rep = make_plan(*p, a.gflops, inv);
+  std::optional<profile_outcome> profiled;
+  if (a.profile > 0) {
+    auto mc = project_model_config(*p);
+    if (!mc) return cli_fail(mc.message());
+    profile_request req;
+    req.refresh = a.profile > 1;
+    auto out = profile_project(*p, *mc, req);
+    if (!out) return cli_fail(out.message());
+    profiled = std::move(*out);
+  }
+  auto rep = make_plan(*p, a.gflops, inv, profiled ? std::make_shared<const measured_compute>(profiled->profile.compute) : nullptr);
   if (!rep) return cli_fail(rep.message());
   const auto fit = largest_fit(with_plan_choices(*p, *rep), project_capacity(*p, inv));
   std::vector<what_if_answer> answers;
   const plan_summary base = summarize_plan(*p, *rep);
-  for (const auto& q : a.what_if) answers.push_back(what_if(*p, base, q, a.gflops, inv));
-  const plan_inputs in{a, *p, *rep, probed, fit, answers};
+  for (const auto& q : a.what_if) answers.push_back(what_if(*p, base, q, a.gflops, inv, rep->measured));
+  const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers};
   if (a.json) print_plan_json(in);
   else print_plan_text(in);
   if (a.write) {

@@ -13,6 +13,7 @@ struct plan_args {
   bool json = false, grid = false, write = false;
   std::string devices, schedule;   // overrides, as train takes them
   int probe = 0;                   // 1: --probe (cached), 2: --reprobe
+  int profile = 0;                 // 1: --profile (cached), 2: --reprofile
   std::vector<std::string> what_if;
 };
 int cmd_plan(const plan_args& a);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -271,4 +272,50 @@ TEST(Partition, FieldsAreValidatedByName) {
   auto few = choose_partition(many, synthetic_8_layers(), 100);
   ASSERT_FALSE(few.ok());
   EXPECT_NE(few.message().find("parallel.schedule: interleaved: 8 layers cannot fill its 16 stages"), std::string::npos) << few.message();
+}
+
+// Measured compute (a layer profile) in the cost model: each instruction charges what the executor
+// runs (a FORWARD without autograd when a RECOMPUTE follows, the head's loss in F, R and B), times
+// scale by FLOPs to other micro-batch shapes, and the partition search balances by them.
+TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
+  const llama_config mc = synthetic_8_layers();
+  auto m = std::make_shared<measured_compute>();
+  m->rows = 2;
+  m->seq_len = 128;
+  m->layer_forward_s.assign(8, 2e-3);
+  m->layer_forward_nograd_s.assign(8, 1e-3);
+  m->layer_backward_s.assign(8, 5e-3);
+  m->embed_s = 0.1e-3;
+  m->head_forward_s = 7e-3;
+  m->head_backward_s = 11e-3;
+  const compute_rates rates{std::shared_ptr<const measured_compute>(m)};
+  project_config cfg = two_devices("1f1b", "");  // 8 sequences in 4 micro-batches: the profiled shape
+  cfg.parallel.partition = "3,5";
+  for (bool recompute : {true, false}) {
+    cfg.offload.recompute = recompute;
+    const program p = project_program(cfg, mc, rates).value();
+    const sim_costs c = estimate_costs(p, mc, cfg, rates);
+    const double f = recompute ? 1e-3 : 2e-3;
+    EXPECT_NEAR(c.forward_s[0], 0.1e-3 + 3 * f, 1e-12) << recompute;
+    EXPECT_NEAR(c.forward_s[1], 5 * f + 7e-3, 1e-12) << recompute;
+    EXPECT_NEAR(c.recompute_s[1], 5 * 2e-3 + 7e-3, 1e-12);
+    EXPECT_NEAR(c.backward_s[0], 3 * 5e-3, 1e-12);
+    EXPECT_NEAR(c.backward_s[1], 5 * 5e-3 + 11e-3, 1e-12);
+  }
+  // Twice the tokens per micro-batch: the layers' and the head's FLOPs set the scale.
+  project_config big = cfg;
+  big.data.seq_len = 256;
+  EXPECT_NEAR(rates.layer_backward(mc, 0, 2, 256), 5e-3 * layer_forward_flops(mc, 2, 256) / layer_forward_flops(mc, 2, 128), 1e-12);
+  EXPECT_NEAR(rates.head_forward(mc, 4, 128), 2 * 7e-3, 1e-12);
+  EXPECT_NE(rates.describe().find("layer profile"), std::string::npos);
+  EXPECT_NE(compute_rates(100).describe().find("100 GFLOP/s"), std::string::npos);
+  // A head far dearer than FLOPs say: the balanced partition gives the last stage fewer layers
+  // than the FLOP model does.
+  m->head_forward_s = 40e-3;
+  m->head_backward_s = 80e-3;
+  project_config bal = two_devices("1f1b", "");
+  const auto by_flops = choose_partition(bal, mc, 100).value();
+  const auto by_profile = choose_partition(bal, mc, rates).value();
+  EXPECT_EQ(by_profile.how, "balanced");
+  EXPECT_LT(by_profile.sizes[1], by_flops.sizes[1]) << partition_text(by_profile.sizes) << " vs " << partition_text(by_flops.sizes);
 }

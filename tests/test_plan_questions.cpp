@@ -1,7 +1,8 @@
 // Questions asked of a plan (core/engine/plan_questions.h) on the stories260K Llama: settings given
 // as text (set_project_field), what-if answers equal to planning the changed project directly, the
 // device shorthands (+N/-N, p2p), the largest sequence length and micro-batch that fit (one more is
-// refused by the same memory plan), and writing the plan's choices into a project file.
+// refused by the same memory plan), writing the plan's choices into a project file, and the layer
+// profiler with its cache.
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/file_io.h"
+#include "core/engine/compute_profile.h"
 #include "core/engine/plan_questions.h"
 #include "core/engine/plan_report.h"
 #include "test_paths.h"
@@ -188,4 +190,61 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
   EXPECT_FALSE(write_plan_choices(file, *loaded, *rep).ok());
   EXPECT_EQ(read_text_file(file).value(), "[1, 2]");
   fs::remove_all(dir);
+}
+
+// The layer profiler on stories260K (CPU), its cache, and the planner picking the cached profile up.
+TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
+  const fs::path cache = fs::temp_directory_path() / fmt::format("lp_profile_{}", ::getpid());
+  fs::remove_all(cache);
+  const project_config c = stories_pipeline();
+  const llama_config mc = project_model_config(c).value();
+  EXPECT_EQ(project_compute_rates(c, mc, cache).measured, nullptr);  // nothing cached: FLOPs
+  profile_request req;
+  req.cache_dir = cache;
+  req.options.min_seconds = 0.05;
+  auto first = profile_project(c, mc, req);
+  ASSERT_TRUE(first.ok()) << first.message();
+  EXPECT_FALSE(first->from_cache);
+  EXPECT_EQ(first->cache_note, "");
+  const auto& m = first->profile.compute;
+  EXPECT_EQ(m.rows, 2);
+  EXPECT_EQ(m.seq_len, 64);
+  ASSERT_EQ(m.layer_forward_s.size(), 5u);
+  for (size_t l = 0; l < 5; ++l) {
+    EXPECT_GT(m.layer_forward_s[l], 0);
+    EXPECT_GT(m.layer_forward_nograd_s[l], 0);
+    EXPECT_GT(m.layer_backward_s[l], 0);
+  }
+  EXPECT_GT(m.head_forward_s, m.embed_s);  // a [128 x 64] x [64 x 512] product and its loss against a gather
+  EXPECT_GT(m.head_backward_s, 0);
+  EXPECT_GE(first->profile.repeats, 5);
+  EXPECT_DOUBLE_EQ(first->profile.graph_bytes_per_token, stash_bytes_per_layer(mc, 1, 4));
+  EXPECT_NE(layer_profile_text(first->profile).find("layers 0-4: forward"), std::string::npos) << layer_profile_text(first->profile);
+  // Cached: the same numbers back, and the planner charges them.
+  auto second = profile_project(c, mc, req);
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(second->from_cache);
+  EXPECT_EQ(second->profile.compute.layer_backward_s, m.layer_backward_s);
+  const compute_rates rates = project_compute_rates(c, mc, cache);
+  ASSERT_NE(rates.measured, nullptr);
+  EXPECT_EQ(rates.measured->head_forward_s, m.head_forward_s);
+  const auto rep = make_plan(c, 100, nullptr, rates.measured).value();
+  EXPECT_EQ(rep.measured, rates.measured);
+  EXPECT_NE(rep.compute.find("layer profile"), std::string::npos);
+  EXPECT_DOUBLE_EQ(rep.sim.makespan_s, simulate(rep.prog, estimate_costs(rep.prog, mc, c, rates)).makespan_s);
+  // Another shape or device setting is another key; a damaged file is measured again.
+  project_config longer = c;
+  longer.data.seq_len = 128;
+  EXPECT_NE(layer_profile_key(longer, mc).value(), first->key);
+  EXPECT_EQ(project_compute_rates(longer, mc, cache).measured, nullptr);
+  project_config threads = c;
+  threads.parallel.threads_per_device = 2;
+  EXPECT_NE(layer_profile_key(threads, mc).value(), first->key);
+  ASSERT_TRUE(write_file_atomic(first->cache_file, "{\"key\": \"" + first->key + "\"}").ok());
+  EXPECT_EQ(project_compute_rates(c, mc, cache).measured, nullptr);
+  auto third = profile_project(c, mc, req);
+  ASSERT_TRUE(third.ok());
+  EXPECT_FALSE(third->from_cache);
+  EXPECT_NE(layer_profile_from_json(read_text_file(first->cache_file).value(), "other").message().find("another"), std::string::npos);
+  fs::remove_all(cache);
 }

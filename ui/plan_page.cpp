@@ -36,7 +36,7 @@ PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
   gflops_->setRange(1, 1e6);
   gflops_->setValue(100);
   gflops_->setSuffix(tr(" GFLOP/s"));
-  gflops_->setToolTip(tr("Assumed compute throughput per device for the prediction"));
+  gflops_->setToolTip(tr("Assumed compute throughput per device for the prediction when the project has no layer profile (lorapipe-cli plan --profile)"));
   auto* sl = new QLabel(tr("&Schedule"));
   sl->setBuddy(schedule_);
   auto* dl = new QLabel(tr("&Devices"));
@@ -229,7 +229,7 @@ void PlanPage::replan() {
     const auto& sim = p.sim;
     const double tokens = static_cast<double>(p.tokens_per_micro_batch) * p.prog.micro_batches;
     summary_->setText(tr("<b>%1</b> on %2 device(s), %3 stages, %4 micro-batches of %5 tokens · predicted step <b>%6 s</b> · "
-                         "<b>%7 tokens/s</b> · bubble ratio <b>%8</b> (idle share of device time) · at %9 GFLOP/s per device")
+                         "<b>%7 tokens/s</b> · bubble ratio <b>%8</b> (idle share of device time) · compute: %9")
                           .arg(QString::fromStdString(p.prog.schedule))
                           .arg(p.prog.num_devices())
                           .arg(p.prog.stages.size())
@@ -238,7 +238,7 @@ void PlanPage::replan() {
                           .arg(sim.makespan_s, 0, 'g', 4)
                           .arg(sim.makespan_s > 0 ? tokens / sim.makespan_s : 0, 0, 'f', 0)
                           .arg(sim.bubble_ratio, 0, 'f', 3)
-                          .arg(p.gflops, 0, 'g', 4) +
+                          .arg(QString::fromStdString(p.compute).toHtmlEscaped()) +
                       tr("<br>LM head: loss on labelled positions only, in chunks of %1 rows: working set <b>%2 MiB</b> "
                          "(full logits, softmax and gradient would take %3 MiB per micro-batch)")
                           .arg(p.head_chunk_rows)
@@ -246,6 +246,7 @@ void PlanPage::replan() {
                           .arg(mib(static_cast<double>(p.full_logits_bytes))) +
                       autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit));
     shown_ = summarize_plan(cfg_, p);
+    shownProfile_ = p.measured;
     keepPartition_ = QString::fromStdString(with_plan_choices(cfg_, p).parallel.partition);
     keep_->setEnabled(p.memory_refusal.empty());
     QStringList rows;
@@ -306,7 +307,8 @@ void PlanPage::askWhatIf() {
   const auto cfg = cfg_;
   const auto base = *shown_;
   const double gflops = gflops_->value();
-  runAsync(this, [cfg, base, question, gflops] { return what_if(cfg, base, question, gflops, nullptr); },
+  const auto profile = shownProfile_;
+  runAsync(this, [cfg, base, question, gflops, profile] { return what_if(cfg, base, question, gflops, nullptr, profile); },
            [this](const what_if_answer& a) {
              asking_ = false;
              whatIfAnswer_->setText(QStringLiteral("<pre>%1</pre>").arg(QString::fromStdString(what_if_text(a)).toHtmlEscaped()));

@@ -115,7 +115,7 @@ result<what_if_variant> apply_what_if(const project_config& cfg, const std::stri
 }
 
 what_if_answer what_if(const project_config& cfg, const plan_summary& base, const std::string& question, double gflops,
-                       const device_inventory* probe) {
+                       const device_inventory* probe, std::shared_ptr<const measured_compute> profile) {
   what_if_answer a;
   a.question = question;
   a.before = base;
@@ -126,7 +126,8 @@ what_if_answer what_if(const project_config& cfg, const plan_summary& base, cons
   }
   a.changes = v->changes;
   const bool same_devices = v->cfg.parallel.devices == cfg.parallel.devices;
-  auto rep = make_plan(v->cfg, gflops, same_devices ? probe : nullptr);
+  const bool same_model = v->cfg.model.path == cfg.model.path && v->cfg.model.dtype == cfg.model.dtype;
+  auto rep = make_plan(v->cfg, gflops, same_devices ? probe : nullptr, same_model ? std::move(profile) : nullptr);
   if (!rep) {
     a.error = rep.message();
     return a;

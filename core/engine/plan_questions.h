@@ -53,10 +53,11 @@ struct what_if_answer {
   plan_summary before, after;
   std::string error;  // the variant cannot be planned (invalid setting, no schedule fits, ...)
 };
-// Plans the variant as make_plan(cfg, gflops, probe) would (the probe only while the devices are the
-// same) and pairs it with `base`, the summary of the plan as it is.
+// Plans the variant as make_plan(cfg, gflops, probe, profile) would (the probe only while the
+// devices are the same; `profile`, the layer profile the plan as it is used, if any, scaled by FLOPs
+// to the variant's shapes) and pairs it with `base`, the summary of the plan as it is.
 what_if_answer what_if(const project_config& cfg, const plan_summary& base, const std::string& question, double gflops,
-                       const device_inventory* probe);
+                       const device_inventory* probe, std::shared_ptr<const measured_compute> profile = nullptr);
 std::string what_if_text(const what_if_answer& a);
 
 // The memory each pipeline device may use: the probe's capacities when given, else

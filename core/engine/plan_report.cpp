@@ -1,6 +1,7 @@
 // The plan of a project: see plan_report.h.
 #include "core/engine/plan_report.h"
 
+#include "core/engine/compute_profile.h"
 #include "core/engine/device_inventory.h"
 
 #include "core/model/llama_model.h"
@@ -24,20 +25,26 @@ result<llama_config> project_model_config(const project_config& cfg) {
 
 result<project_config> resolve_project_schedule(const project_config& cfg) {
   LP_TRY_ASSIGN(mc, project_model_config(cfg));
-  return resolve_auto_schedule(cfg, mc, auto_schedule_gflops);
+  return resolve_auto_schedule(cfg, mc, project_compute_rates(cfg, mc));
 }
 
-result<plan_report> make_plan(const project_config& cfg_in, double gflops, const device_inventory* probe) {
+result<plan_report> make_plan(const project_config& cfg_in, double gflops, const device_inventory* probe,
+                              std::shared_ptr<const measured_compute> profile) {
   try {
     LP_TRY(validate_project(cfg_in));
     LP_TRY_ASSIGN(mc, project_model_config(cfg_in));
     plan_report r;
     r.requested_schedule = cfg_in.parallel.schedule;
-    // The choices are made as the trainer makes them (auto_schedule_gflops, the project's copy
-    // rate), so the plan shows what will run; gflops and the probe only change the prediction.
+    // The choices are made as the trainer makes them (its compute rates, the project's copy rate),
+    // so the plan shows what will run; without a profile gflops and the probe only change the
+    // prediction.
+    const compute_rates rates = profile ? compute_rates(profile) : project_compute_rates(cfg_in, mc);
+    r.measured = rates.measured;
+    const compute_rates predict = r.measured ? rates : compute_rates(gflops);
+    r.compute = predict.describe();
     project_config cfg = cfg_in;
     if (cfg.parallel.schedule == "auto") {
-      LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, auto_schedule_gflops));
+      LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
       cfg.parallel.schedule = choice.schedule;
       if (choice.schedule != "single") cfg.parallel.micro_batches = choice.micro_batches;
       r.schedule_candidates = std::move(choice.candidates);
@@ -45,7 +52,7 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     const bool pipelined = cfg.parallel.schedule != "single";
     r.gflops = gflops;
     if (pipelined) {
-      LP_TRY_ASSIGN(part, choose_partition(cfg, mc, auto_schedule_gflops));
+      LP_TRY_ASSIGN(part, choose_partition(cfg, mc, rates));
       r.partition = std::move(part);
     }
     LP_TRY_ASSIGN(speeds, device_speeds(cfg));
@@ -56,7 +63,7 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);
     if (probe != nullptr) cfg = with_probed_bandwidth(cfg, *probe);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
-    const sim_costs costs = estimate_costs(r.prog, mc, cfg, gflops);
+    const sim_costs costs = estimate_costs(r.prog, mc, cfg, predict);
     r.sim = simulate(r.prog, costs);
     if (!r.sim.ok) return make_error("the generated program is invalid: {}\n{}", r.sim.error, r.sim.grid);
     r.stage_bytes = stage_weight_bytes(r.prog, mc, compute_element_bytes(cfg));

@@ -3,6 +3,7 @@
 // arena each device reserves, the head's chunked working set, and the transport of every link.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct plan_report {
   sim_result sim;
   int64_t tokens_per_micro_batch = 0;
   double gflops = 0;
+  // What compute was charged (compute_rates::describe): the project's layer profile when one is
+  // cached or given (then the choices and the prediction use it), else FLOPs.
+  std::string compute;
+  std::shared_ptr<const measured_compute> measured;  // the layer profile used, if any
   std::vector<size_t> stage_bytes;           // weight block per stage
   std::vector<weight_arena_plan> arenas;     // per device
   std::vector<device_facts> devices;
@@ -48,9 +53,12 @@ struct plan_report {
   std::string memory_refusal;
 };
 
-// The choices (schedule auto, partition auto) are made with the trainer's inputs; `gflops` and the
-// probe's measured copy rate (with_probed_bandwidth), when given, set the prediction.
-result<plan_report> make_plan(const project_config& cfg, double gflops, const device_inventory* probe = nullptr);
+// The choices (schedule auto, partition auto) are made with the trainer's inputs: the layer profile
+// (`profile`, else the project's cached one: project_compute_rates), else FLOPs at
+// auto_schedule_gflops. Without a profile `gflops` sets the prediction; the probe's measured copy
+// rate (with_probed_bandwidth), when given, costs the copies.
+result<plan_report> make_plan(const project_config& cfg, double gflops, const device_inventory* probe = nullptr,
+                              std::shared_ptr<const measured_compute> profile = nullptr);
 
 // Before a run is recorded: a project whose memory plan exceeds offload.device_memory_mb is
 // refused with check_memory_plan's message (a no-op without a limit). `cfg`'s schedule resolved.
@@ -59,7 +67,7 @@ status check_project_memory(const project_config& cfg);
 // The model's config.json (or a llama2.c checkpoint's header) a project names.
 result<llama_config> project_model_config(const project_config& cfg);
 // The project with parallel.schedule "auto" and, for a pipeline, parallel.partition "auto" resolved
-// (resolve_auto_schedule at auto_schedule_gflops). What a run records and trains.
+// (resolve_auto_schedule with project_compute_rates). What a run records and trains.
 result<project_config> resolve_project_schedule(const project_config& cfg);
 
 }  // namespace lorapipe

@@ -92,10 +92,77 @@ sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int
   return c;
 }
 
-sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, double gflops) {
+namespace {
+
+// FLOPs of micro-batches of `rows` x `seq_len` over those of the profiled shape (1 when profiled so).
+double shape_scale(double flops, double profiled_flops) { return profiled_flops > 0 ? flops / profiled_flops : 1.0; }
+
+}  // namespace
+
+double compute_rates::layer_forward(const llama_config& c, int64_t l, int64_t rows, int64_t seq_len, bool grad) const {
+  if (!measured) return layer_forward_flops(c, rows, seq_len) / (gflops * 1e9);
+  const auto& m = *measured;
+  const auto& v = grad ? m.layer_forward_s : m.layer_forward_nograd_s;
+  return v.at(static_cast<size_t>(l)) * shape_scale(layer_forward_flops(c, rows, seq_len), layer_forward_flops(c, m.rows, m.seq_len));
+}
+
+double compute_rates::layer_backward(const llama_config& c, int64_t l, int64_t rows, int64_t seq_len) const {
+  if (!measured) return 2 * layer_forward_flops(c, rows, seq_len) / (gflops * 1e9);
+  const auto& m = *measured;
+  return m.layer_backward_s.at(static_cast<size_t>(l)) *
+         shape_scale(layer_forward_flops(c, rows, seq_len), layer_forward_flops(c, m.rows, m.seq_len));
+}
+
+double compute_rates::head_forward(const llama_config& c, int64_t rows, int64_t seq_len) const {
+  if (!measured) return head_forward_flops(c, rows, seq_len) / (gflops * 1e9);
+  const auto& m = *measured;
+  return m.head_forward_s * shape_scale(head_forward_flops(c, rows, seq_len), head_forward_flops(c, m.rows, m.seq_len));
+}
+
+double compute_rates::head_backward(const llama_config& c, int64_t rows, int64_t seq_len) const {
+  if (!measured) return 2 * head_forward_flops(c, rows, seq_len) / (gflops * 1e9);
+  const auto& m = *measured;
+  return m.head_backward_s * shape_scale(head_forward_flops(c, rows, seq_len), head_forward_flops(c, m.rows, m.seq_len));
+}
+
+std::string compute_rates::describe() const {
+  if (!measured) return fmt::format("FLOPs at {:g} GFLOP/s per device", gflops);
+  return fmt::format("the layer profile ({} x {} tokens per micro-batch, scaled by FLOPs to other shapes)", measured->rows, measured->seq_len);
+}
+
+sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, const compute_rates& rates) {
   const int64_t rows = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches);
-  sim_costs c = flop_costs(p, mc, rows, cfg.data.seq_len, compute_element_bytes(cfg), gflops,
+  const int64_t T = cfg.data.seq_len;
+  sim_costs c = flop_costs(p, mc, rows, T, compute_element_bytes(cfg), rates.gflops,
                            cfg.offload.copy_gbps > 0 ? cfg.offload.copy_gbps * 1e9 : 0);
+  if (rates.measured) {
+    // The executor's instructions: a FORWARD keeps its graph only when the stage has a BACKWARD and
+    // no RECOMPUTE (which is the forward with autograd); the head's loss runs in both.
+    std::vector<bool> graph(p.stages.size(), false), recomputed(p.stages.size(), false);
+    for (const auto& list : p.devices)
+      for (const auto& in : list) {
+        if (in.kind == op::backward) graph[static_cast<size_t>(in.stage)] = true;
+        if (in.kind == op::recompute) recomputed[static_cast<size_t>(in.stage)] = true;
+      }
+    for (size_t s = 0; s < p.stages.size(); ++s) {
+      const auto& st = p.stages[s];
+      const bool keeps_graph = graph[s] && !recomputed[s];
+      double fwd = st.has_embed ? rates.measured->embed_s : 0.0, fwd_grad = fwd, bwd = 0;
+      for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+        fwd += rates.layer_forward(mc, l, rows, T, keeps_graph);
+        fwd_grad += rates.layer_forward(mc, l, rows, T, true);
+        bwd += rates.layer_backward(mc, l, rows, T);
+      }
+      if (st.has_head) {
+        fwd += rates.head_forward(mc, rows, T);
+        fwd_grad += rates.head_forward(mc, rows, T);
+        bwd += rates.head_backward(mc, rows, T);
+      }
+      c.forward_s[s] = fwd;
+      c.recompute_s[s] = fwd_grad;
+      c.backward_s[s] = bwd;
+    }
+  }
   c.per_layer_recompute = cfg.offload.recompute && cfg.offload.recompute_granularity == "layer";
   // Speeds matter between pipeline devices (a single-device run is not paced).
   if (auto speeds = device_speeds(cfg); speeds && p.num_devices() > 1 && static_cast<int32_t>(speeds->size()) == p.num_devices())
@@ -135,17 +202,17 @@ memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t e
   return in;
 }
 
-memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, double gflops) {
-  const sim_costs costs = estimate_costs(p, c, cfg, gflops);
+memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates) {
+  const sim_costs costs = estimate_costs(p, c, cfg, rates);
   const sim_result sim = simulate(p, costs);
   return make_memory_plan(p, costs, sim, memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
 }
 
 namespace {
 
-schedule_candidate weigh(const project_config& cfg, const llama_config& mc, double gflops) {
+schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
   schedule_candidate c{cfg.parallel.schedule, static_cast<int32_t>(cfg.parallel.micro_batches)};
-  auto part = choose_partition(cfg, mc, gflops);
+  auto part = choose_partition(cfg, mc, rates);
   if (!part) {
     c.note = part.message();
     return c;
@@ -159,7 +226,7 @@ schedule_candidate weigh(const project_config& cfg, const llama_config& mc, doub
     c.note = prog.message();
     return c;
   }
-  const sim_costs costs = estimate_costs(*prog, mc, cfg, gflops);
+  const sim_costs costs = estimate_costs(*prog, mc, cfg, rates);
   const sim_result sim = simulate(*prog, costs);
   if (!sim.ok) {
     c.note = sim.error;
@@ -181,7 +248,7 @@ schedule_candidate weigh(const project_config& cfg, const llama_config& mc, doub
 
 }  // namespace
 
-result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, double gflops) {
+result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
   schedule_choice out;
   const int64_t n_dev = device_count(cfg.parallel.devices);
   if (n_dev <= 1) {
@@ -195,7 +262,7 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
       project_config c = cfg;
       c.parallel.schedule = name;
       c.parallel.micro_batches = m;
-      out.candidates.push_back(weigh(c, mc, gflops));
+      out.candidates.push_back(weigh(c, mc, rates));
     }
   const auto rank = [&](const schedule_candidate& c) {
     const auto order = std::find(names.begin(), names.end(), c.schedule) - names.begin();
@@ -215,17 +282,17 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
   return out;
 }
 
-result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, double gflops) {
+result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
   project_config out = cfg;
   if (cfg.parallel.schedule == "auto") {
-    LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, gflops));
+    LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
     out.parallel.schedule = choice.schedule;
     if (choice.schedule != "single") out.parallel.micro_batches = choice.micro_batches;
   }
   // The layers per stage are recorded too: a resume (or another version of the planner) trains the
   // same partition.
   if (out.parallel.schedule != "single" && out.parallel.partition == "auto") {
-    LP_TRY_ASSIGN(part, choose_partition(out, mc, gflops));
+    LP_TRY_ASSIGN(part, choose_partition(out, mc, rates));
     out.parallel.partition = partition_text(part.sizes);
   }
   return out;

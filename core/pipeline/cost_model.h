@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,33 @@
 #include "core/project/project.h"
 
 namespace lorapipe {
+
+// Compute times the layer profiler measured (core/train/layer_profile.h) on a speed-1 device for
+// micro-batches of `rows` sequences of `seq_len` tokens: each layer's forward with autograd (a FORWARD
+// that keeps its graph, or a RECOMPUTE), without (a FORWARD whose stage is recomputed later), and its
+// backward; the embedding; the head's loss forward and backward (final norm, LM head, loss).
+struct measured_compute {
+  int64_t rows = 0, seq_len = 0;
+  std::vector<double> layer_forward_s, layer_forward_nograd_s, layer_backward_s;  // per layer of the model
+  double embed_s = 0, head_forward_s = 0, head_backward_s = 0;
+};
+
+// What the cost model charges for compute: FLOPs at `gflops` per device (backward twice the
+// forward), or the layer profile's times when `measured` is set, scaled to other micro-batch shapes
+// by their FLOPs.
+struct compute_rates {
+  double gflops = 100;
+  std::shared_ptr<const measured_compute> measured;
+  compute_rates(double g = 100) : gflops(g) {}  // NOLINT(google-explicit-constructor): a plain throughput reads as one
+  explicit compute_rates(std::shared_ptr<const measured_compute> m) : measured(std::move(m)) {}
+  // Seconds of layer `l`'s forward (with or without autograd), backward, and of the head's loss
+  // forward and backward, for micro-batches of `rows` x `seq_len`.
+  double layer_forward(const llama_config& c, int64_t l, int64_t rows, int64_t seq_len, bool grad = true) const;
+  double layer_backward(const llama_config& c, int64_t l, int64_t rows, int64_t seq_len) const;
+  double head_forward(const llama_config& c, int64_t rows, int64_t seq_len) const;
+  double head_backward(const llama_config& c, int64_t rows, int64_t seq_len) const;
+  std::string describe() const;  // "100 GFLOP/s per device (FLOPs)" or "the layer profile (...)"
+};
 
 // parallel.* and offload.* of a project as generator options (a single-device project: 1 device,
 // 1 micro-batch).
@@ -55,14 +83,14 @@ sim_costs flop_costs(const program& p, const llama_config& c, int64_t rows, int6
 memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t elem, int64_t lora_r,
                                const std::vector<std::string>& lora_targets);
 // The project's memory plan for its program (estimate_costs at `gflops` for the timing).
-memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, double gflops);
+memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates);
 
-// Simulator costs for the project's program: compute from FLOPs at `gflops` per device (backward
-// twice the forward), exact stage weight bytes, boundary activation bytes, stash bytes, copy
+// Simulator costs for the project's program: compute from `rates` (FLOPs at a throughput, or the
+// layer profile; a stage whose forward is recomputed later runs it without autograd), exact stage weight bytes, boundary activation bytes, stash bytes, copy
 // bandwidth from offload.copy_gbps, device speeds from parallel.device_speeds, recompute granularity
 // from offload.recompute_granularity; steady state
 // (cross-iteration prefetches already resident).
-sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, double gflops);
+sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates);
 
 // parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
 // every pipeline schedule (schedule_names()) with each micro-batch count in {devices, 2 x devices}
@@ -85,10 +113,10 @@ struct schedule_choice {
   int32_t micro_batches = 1;
   std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others
 };
-result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, double gflops);
+result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The project with schedule "auto" replaced by choose_schedule's choice and, for a pipeline, partition
 // "auto" by choose_partition's layer counts (what a run records and trains).
-result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, double gflops);
+result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The throughput the automatic choice assumes (per device; the ranking depends on the ratio of
 // compute to copy time, which offload.copy_gbps sets).
 inline constexpr double auto_schedule_gflops = 100;

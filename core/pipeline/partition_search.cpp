@@ -68,7 +68,7 @@ constexpr double inf = std::numeric_limits<double>::infinity();
 // Simulated steps of the project's schedule by partition, each simulated once.
 class step_oracle {
  public:
-  step_oracle(const project_config& cfg, const llama_config& mc, double gflops) : cfg_(cfg), mc_(mc), gflops_(gflops) {}
+  step_oracle(const project_config& cfg, const llama_config& mc, const compute_rates& rates) : cfg_(cfg), mc_(mc), rates_(rates) {}
   // inf when the program cannot be generated or its memory plan does not fit offload.device_memory_mb.
   double operator()(const std::vector<int32_t>& sizes) {
     auto [it, fresh] = seen_.try_emplace(sizes, inf);
@@ -82,7 +82,7 @@ class step_oracle {
     so.stage_layers = sizes;
     auto prog = make_schedule(cfg_.parallel.schedule, static_cast<int32_t>(mc_.num_layers), so);
     if (!prog) return inf;
-    const sim_costs costs = estimate_costs(*prog, mc_, cfg_, gflops_);
+    const sim_costs costs = estimate_costs(*prog, mc_, cfg_, rates_);
     const sim_result sim = simulate(*prog, costs);
     if (!sim.ok) return inf;
     if (cfg_.offload.device_memory_mb > 0) {
@@ -95,7 +95,7 @@ class step_oracle {
   }
   const project_config& cfg_;
   const llama_config& mc_;
-  double gflops_;
+  const compute_rates& rates_;
   std::map<std::vector<int32_t>, double> seen_;
 };
 
@@ -135,13 +135,13 @@ double finite_or_zero(double x) { return std::isfinite(x) ? x : 0.0; }
 
 }  // namespace
 
-result<partition_choice> choose_partition(const project_config& cfg, const llama_config& mc, double gflops) {
+result<partition_choice> choose_partition(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
   LP_TRY_ASSIGN(given, partition_sizes(cfg));
   LP_TRY_ASSIGN(speeds, device_speeds(cfg));
   const schedule_options so = schedule_options_of(cfg);
   const int32_t L = static_cast<int32_t>(mc.num_layers);
   const int32_t S = schedule_stage_count(cfg.parallel.schedule, L, so);
-  step_oracle step_of(cfg, mc, gflops);
+  step_oracle step_of(cfg, mc, rates);
   partition_choice out;
   if (!given.empty()) {
     int64_t total = 0;
@@ -164,8 +164,11 @@ result<partition_choice> choose_partition(const project_config& cfg, const llama
   out.step_s = out.even_step_s = finite_or_zero(even_step);
   if (cfg.parallel.partition == "even" || S == 1) return out;
   const int64_t rows = cfg.run.batch_size / std::max<int64_t>(1, so.micro_batches);
-  const std::vector<double> layer_s(static_cast<size_t>(L), layer_forward_flops(mc, rows, cfg.data.seq_len));
-  const auto start = min_max_partition(layer_s, 0.0, head_forward_flops(mc, rows, cfg.data.seq_len), stage_speeds(cfg, S, speeds));
+  std::vector<double> layer_s;  // forward + backward of each layer, the head's likewise
+  for (int64_t l = 0; l < L; ++l)
+    layer_s.push_back(rates.layer_forward(mc, l, rows, cfg.data.seq_len) + rates.layer_backward(mc, l, rows, cfg.data.seq_len));
+  const double head_s = rates.head_forward(mc, rows, cfg.data.seq_len) + rates.head_backward(mc, rows, cfg.data.seq_len);
+  const auto start = min_max_partition(layer_s, 0.0, head_s, stage_speeds(cfg, S, speeds));
   double step = inf;
   auto balanced = refine(step_of, start, L, step);
   if (step < even_step * 0.98) {  // an even partition over the memory limit loses to any that fits
@@ -185,10 +188,10 @@ result<program> partitioned_program(const project_config& cfg, const llama_confi
   return prog;
 }
 
-result<program> project_program(const project_config& cfg, const llama_config& mc, double gflops) {
+result<program> project_program(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
   const bool pipelined = cfg.parallel.schedule != "single" && cfg.parallel.schedule != "auto";
   if (!pipelined) return partitioned_program(cfg, mc, {});
-  LP_TRY_ASSIGN(choice, choose_partition(cfg, mc, gflops));
+  LP_TRY_ASSIGN(choice, choose_partition(cfg, mc, rates));
   return partitioned_program(cfg, mc, choice.sizes);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/base/result.h"
+#include "core/pipeline/cost_model.h"
 #include "core/pipeline/schedule.h"
 #include "core/project/llama_config.h"
 #include "core/project/project.h"
@@ -34,11 +35,11 @@ struct partition_choice {
 // parallel.partition for the project's (resolved, pipelined) schedule: given sizes, the even
 // partition, or for auto the balanced one when the simulator predicts it at least 2% faster than
 // even (else even: the partition every schedule was tested with). Errors name parallel.partition.
-result<partition_choice> choose_partition(const project_config& cfg, const llama_config& mc, double gflops);
+result<partition_choice> choose_partition(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 
 // The project's program: the schedule generator with choose_partition's sizes (a single-device
 // project: one gpipe stage over every layer).
-result<program> project_program(const project_config& cfg, const llama_config& mc, double gflops);
+result<program> project_program(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The same with the layers per stage already chosen (ignored for a single-device project).
 result<program> partitioned_program(const project_config& cfg, const llama_config& mc, const std::vector<int32_t>& sizes);
 

@@ -9,6 +9,9 @@
 //    compute medians, with_measured_compute; warm-up and profiling steps also take turns) and predicted by the simulator; then all are measured. Prints predicted
 //    vs measured per configuration, the planner's pick (smallest profiled prediction) against the
 //    fastest measured, and what the FLOP-only model (`auto` before any profile) would have picked.
+//    Also predicted from the layer profile (profile_layers: each layer, the embedding and the head
+//    timed alone on one device before anything runs; what `plan --profile` and a cached profile give
+//    `auto`), with its error and its pick.
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "core/pipeline/pipeline_executor.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
+#include "core/train/layer_profile.h"
 #include "tests/synthetic_llama.h"
 
 using namespace lorapipe;
@@ -46,9 +50,10 @@ struct rig {
   std::vector<micro_batch> mbs;
   std::vector<double> times;
   std::vector<sim_interval> profile;  // compute instructions of the profiling steps
-  double flop_predicted_s = 0, profiled_predicted_s = 0;
+  double flop_predicted_s = 0, profiled_predicted_s = 0, layer_predicted_s = 0;
 
-  rig(std::string name, const project_config& c, program p, const llama_weights& w) : label(std::move(name)), cfg(c), mc(w.cfg), prog(std::move(p)) {
+  rig(std::string name, const project_config& c, program p, const llama_weights& w, const compute_rates& layers)
+      : label(std::move(name)), cfg(c), mc(w.cfg), prog(std::move(p)) {
     cpu_device_options o;
     o.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
     o.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
@@ -72,6 +77,7 @@ struct rig {
       mbs.push_back({t.slice(1, 0, cfg.data.seq_len).contiguous(), t.slice(1, 1).contiguous()});
     }
     flop_predicted_s = simulate(prog, estimate_costs(prog, w.cfg, cfg, auto_schedule_gflops)).makespan_s;
+    layer_predicted_s = simulate(prog, estimate_costs(prog, w.cfg, cfg, layers)).makespan_s;
     step(false);  // warm-up: resident weights get uploaded here, allocators and caches settle
   }
   // One profiling step: its compute instructions join the profile, and the prediction is redone.
@@ -135,9 +141,17 @@ int main(int argc, char** argv) {
   base.run.batch_size = batch;
   base.data.seq_len = seq;
   base.offload.copy_gbps = gbps;
+  // The layer profile, before anything else runs (as plan --profile takes it).
+  const auto prof = profile_layers(base, mc, {}).value();
+  const compute_rates by_layer(std::make_shared<const measured_compute>(prof.compute));
   fmt::print("Planner bench: synthetic Llama dim {} x {} layers ({:.1f}M params), batch {} x {} tokens, 2 CPU virtual devices "
              "(1 thread each), copies throttled to {} GB/s\n",
              dim, layers, mc.num_parameters() / 1e6, batch, seq, gbps);
+  fmt::print("layer profile ({:.2f} s, {} rounds at {} x {} tokens): layer forward {:.2f} ms (no autograd {:.2f}), backward {:.2f} ms; "
+             "head forward {:.2f} ms, backward {:.2f} ms\n",
+             prof.seconds, prof.repeats, prof.compute.rows, prof.compute.seq_len, prof.compute.layer_forward_s[0] * 1e3,
+             prof.compute.layer_forward_nograd_s[0] * 1e3, prof.compute.layer_backward_s[0] * 1e3, prof.compute.head_forward_s * 1e3,
+             prof.compute.head_backward_s * 1e3);
 
   // 1. A device at half speed: even against balanced.
   {
@@ -148,14 +162,25 @@ int main(int argc, char** argv) {
     project_config even = het;
     even.parallel.partition = "even";
     std::vector<std::unique_ptr<rig>> rigs;
-    rigs.push_back(std::make_unique<rig>("even", even, project_program(even, mc, auto_schedule_gflops).value(), w));
-    rigs.push_back(std::make_unique<rig>(choice.how, het, project_program(het, mc, auto_schedule_gflops).value(), w));
+    rigs.push_back(std::make_unique<rig>("even", even, project_program(even, mc, auto_schedule_gflops).value(), w, by_layer));
+    rigs.push_back(std::make_unique<rig>(choice.how, het, project_program(het, mc, auto_schedule_gflops).value(), w, by_layer));
     step_all(rigs, steps);
     fmt::print("\n1. cpu:1 at half speed (parallel.device_speeds 1,0.5), 1f1b x4, {} measured steps each (alternating)\n", steps);
     for (const auto& r : rigs)
-      fmt::print("  layers {:<5} ({:<8}): measured {:.3f} s/step; predicted {:.3f} s from FLOPs, {:.3f} s profiled ({:+.1f}%)\n",
+      fmt::print("  layers {:<5} ({:<8}): measured {:.3f} s/step; predicted {:.3f} s from FLOPs, {:.3f} s profiled ({:+.1f}%), "
+                 "{:.3f} s from the layer profile ({:+.1f}%)\n",
                  sizes_of(r->prog), r->label, median(r->times), r->flop_predicted_s, r->profiled_predicted_s,
-                 100 * (r->profiled_predicted_s / median(r->times) - 1));
+                 100 * (r->profiled_predicted_s / median(r->times) - 1), r->layer_predicted_s,
+                 100 * (r->layer_predicted_s / median(r->times) - 1));
+    // Per stage: the compute the layer profile charges against the medians traced in the pipeline.
+    for (const auto& r : rigs) {
+      const sim_costs traced = with_measured_compute(r->prog, estimate_costs(r->prog, mc, r->cfg, auto_schedule_gflops), r->profile);
+      const sim_costs charged = estimate_costs(r->prog, mc, r->cfg, by_layer);
+      for (size_t st = 0; st < r->prog.stages.size(); ++st)
+        fmt::print("    {} stage {}: F {:.1f} / {:.1f} ms, R {:.1f} / {:.1f} ms, B {:.1f} / {:.1f} ms (layer profile / traced, speed 1)\n",
+                   r->label, st, charged.forward_s[st] * 1e3, traced.forward_s[st] * 1e3, charged.recompute_s[st] * 1e3,
+                   traced.recompute_s[st] * 1e3, charged.backward_s[st] * 1e3, traced.backward_s[st] * 1e3);
+    }
     std::vector<double> ratios;
     for (size_t i = 0; i < rigs[0]->times.size(); ++i) ratios.push_back(rigs[0]->times[i] / rigs[1]->times[i]);
     fmt::print("  balanced is {:.1f}% faster than even (median step {:.3f} vs {:.3f} s; per-step ratios even/balanced {:.2f})\n",
@@ -178,24 +203,30 @@ int main(int argc, char** argv) {
           fmt::print("  {} x{} {}: not possible: {}\n", name, m, stream ? "streamed" : "resident", p.message());
           continue;
         }
-        rigs.push_back(std::make_unique<rig>(fmt::format("{} x{} {}", name, m, stream ? "streamed" : "resident"), c, std::move(*p), w));
+        rigs.push_back(std::make_unique<rig>(fmt::format("{} x{} {}", name, m, stream ? "streamed" : "resident"), c, std::move(*p), w, by_layer));
       }
   step_all(rigs, steps);
   fmt::print("\n2. {} configurations on 2 devices at equal speed, {} measured steps each (round-robin over configurations)\n", rigs.size(), steps);
-  fmt::print("  {:<28} {:>9} {:>11} {:>8} {:>10}\n", "configuration", "measured", "profiled", "error", "FLOP model");
-  double worst = 0;
-  const rig *fastest = nullptr, *pick = nullptr, *flop_pick = nullptr;
+  fmt::print("  {:<28} {:>9} {:>11} {:>8} {:>13} {:>8} {:>10}\n", "configuration", "measured", "profiled", "error", "layer profile",
+             "error", "FLOP model");
+  double worst = 0, worst_layers = 0;
+  const rig *fastest = nullptr, *pick = nullptr, *flop_pick = nullptr, *layer_pick = nullptr;
   for (const auto& r : rigs) {
-    const double m = median(r->times), err = r->profiled_predicted_s / m - 1;
+    const double m = median(r->times), err = r->profiled_predicted_s / m - 1, lerr = r->layer_predicted_s / m - 1;
     worst = std::max(worst, std::abs(err));
-    fmt::print("  {:<28} {:>7.3f} s {:>9.3f} s {:>+7.1f}% {:>8.3f} s\n", r->label + " [" + sizes_of(r->prog) + "]", m, r->profiled_predicted_s,
-               100 * err, r->flop_predicted_s);
+    worst_layers = std::max(worst_layers, std::abs(lerr));
+    fmt::print("  {:<28} {:>7.3f} s {:>9.3f} s {:>+7.1f}% {:>11.3f} s {:>+7.1f}% {:>8.3f} s\n", r->label + " [" + sizes_of(r->prog) + "]", m,
+               r->profiled_predicted_s, 100 * err, r->layer_predicted_s, 100 * lerr, r->flop_predicted_s);
     if (!fastest || m < median(fastest->times)) fastest = r.get();
     if (!pick || r->profiled_predicted_s < pick->profiled_predicted_s) pick = r.get();
     if (!flop_pick || r->flop_predicted_s < flop_pick->flop_predicted_s) flop_pick = r.get();
+    if (!layer_pick || r->layer_predicted_s < layer_pick->layer_predicted_s) layer_pick = r.get();
   }
   if (!fastest) return 0;
-  fmt::print("  step-time prediction from the profile: worst error {:.1f}% over {} configurations\n", 100 * worst, rigs.size());
+  fmt::print("  step-time prediction: worst error {:.1f}% from the two-step profile, {:.1f}% from the layer profile, over {} configurations\n",
+             100 * worst, 100 * worst_layers, rigs.size());
+  fmt::print("  layer-profile pick: {} ({:.3f} s measured, {:+.1f}% from the fastest)\n", layer_pick->label, median(layer_pick->times),
+             100 * (median(layer_pick->times) / median(fastest->times) - 1));
   fmt::print("  fastest measured: {} ({:.3f} s); planner's pick (profiled): {} ({:.3f} s measured, {:+.1f}% from the fastest); "
              "FLOP-only pick: {} ({:+.1f}%)\n",
              fastest->label, median(fastest->times), pick->label, median(pick->times),

@@ -383,6 +383,19 @@ def main():
         rc, _, err = run(cli, "plan", os.path.join(t, "wi.json"), "--write")
         check("plan --write refuses a plan that does not fit and leaves the file alone",
               rc != 0 and "does not fit" in err and open(os.path.join(t, "wi.json")).read() == before, err[-400:])
+        # The layer profile: measured once (cached under XDG_CACHE_HOME), then every plan of the project charges it.
+        rc, o1, e1 = run(cli, "plan", os.path.join(t, "hp.json"), "--profile", "--json", env=penv)
+        rc2, o2, e2 = run(cli, "plan", os.path.join(t, "hp.json"), "--json", env=penv)
+        rc3, o3, e3 = run(cli, "plan", os.path.join(t, "hp.json"), "--json", env=dict(penv, XDG_CACHE_HOME=os.path.join(t, "nocache")))
+        j1 = json.loads(o1) if rc == 0 else {}
+        j2 = json.loads(o2) if rc2 == 0 else {}
+        j3 = json.loads(o3) if rc3 == 0 else {}
+        lp = j1.get("layer_profile", {})
+        check("plan --profile measures the layers and later plans use the cached profile",
+              lp.get("from_cache") is False and len(lp.get("compute", {}).get("layer_backward_s", [])) == 5
+              and all(x > 0 for x in lp["compute"]["layer_backward_s"]) and "layer profile" in j1.get("compute", "")
+              and "layer profile" in j2.get("compute", "") and j2.get("step_seconds") == j1.get("step_seconds")
+              and "FLOPs" in j3.get("compute", "") and os.path.exists(lp.get("cache_file", "")), (o1 + e1 + e2 + e3)[-800:])
         hp["parallel"]["partition"] = "2,2,1"
         json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
         expect_clean_error(cli, "partition with the wrong stage count", ["plan", os.path.join(t, "hp.json")],

@@ -1,0 +1,148 @@
+// The project's layer profile with its cache: see compute_profile.h.
+#include "core/engine/compute_profile.h"
+
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/device_spec.h"
+#include "core/base/file_io.h"
+#include "core/base/hash.h"
+#include "core/engine/device_inventory.h"
+#include "core/train/pipeline_setup.h"
+#include "offload/device.h"
+
+namespace lorapipe {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(measured_compute, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s, embed_s,
+                                   head_forward_s, head_backward_s)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(layer_profile, compute, device, dtype, warmup, repeats, seconds, weight_bytes_per_layer,
+                                   graph_bytes_per_token)
+
+namespace {
+
+constexpr int profile_format = 1;
+
+std::string host_processor() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 1);
+  return "unknown processor";
+}
+
+// The profiled device as the key sees it: what stays the same from run to run.
+result<nlohmann::json> profiled_device_facts(const project_config& cfg) {
+  LP_TRY_ASSIGN(spec, parse_device_spec(cfg.parallel.devices));
+  if (spec.gpus.empty())
+    return nlohmann::json{{"kind", "cpu"}, {"threads", cfg.parallel.threads_per_device}, {"processor", host_processor()},
+                          {"cores", std::thread::hardware_concurrency()}};
+  LP_TRY_ASSIGN(opts, device_options_of(cfg));
+  LP_TRY_ASSIGN(devs, make_devices(fmt::format("cuda:{}", spec.gpus[0]), opts));
+  const auto inv = describe_inventory({devs[0].get()});
+  const auto& d = inv.devices.at(0);
+  return nlohmann::json{{"kind", "cuda"}, {"gpu", d.gpu_name}, {"cc", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
+                        {"sms", d.sm_count}, {"total_bytes", d.total_bytes}};
+}
+
+}  // namespace
+
+result<std::string> layer_profile_key(const project_config& cfg, const llama_config& mc) {
+  LP_TRY_ASSIGN(device, profiled_device_facts(cfg));
+  const bool pipelined = cfg.parallel.schedule != "single" && device_count(cfg.parallel.devices) > 1;
+  const int64_t rows = std::max<int64_t>(1, cfg.run.batch_size / (pipelined ? std::max<int64_t>(1, cfg.parallel.micro_batches) : 1));
+  const nlohmann::json j = {{"format", profile_format},
+                            {"model", {{"type", mc.model_type}, {"layers", mc.num_layers}, {"hidden", mc.hidden_size},
+                                       {"ffn", mc.intermediate_size}, {"heads", mc.num_heads}, {"kv_heads", mc.num_kv_heads},
+                                       {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"sliding_window", mc.sliding_window},
+                                       {"sliding_layers", mc.sliding_layers}}},
+                            {"dtype", cfg.model.dtype},
+                            {"rows", rows},
+                            {"seq_len", cfg.data.seq_len},
+                            {"lora", {{"r", cfg.lora.r}, {"targets", fit_lora_targets(mc, cfg.lora.targets)}}},
+                            {"device", device}};
+  const std::string text = j.dump();
+  return sha256_hex(text.data(), text.size());
+}
+
+std::string layer_profile_to_json(const layer_profile& p, const std::string& key) {
+  nlohmann::json j = p;
+  j["key"] = key;
+  return j.dump(1) + "\n";
+}
+
+result<layer_profile> layer_profile_from_json(const std::string& text, const std::string& key) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    if (j.value("key", std::string()) != key) return make_error("made for another model, shape or device");
+    auto p = j.get<layer_profile>();
+    if (p.compute.layer_forward_s.empty() || p.compute.layer_backward_s.size() != p.compute.layer_forward_s.size() ||
+        p.compute.layer_forward_nograd_s.size() != p.compute.layer_forward_s.size())
+      return make_error("incomplete profile");
+    return p;
+  } catch (const std::exception& e) {
+    return make_error("unreadable profile: {}", e.what());
+  }
+}
+
+std::filesystem::path layer_profile_file(const std::filesystem::path& dir, const std::string& key) {
+  return dir / ("layers-" + key.substr(0, 16) + ".json");
+}
+
+result<profile_outcome> profile_project(const project_config& cfg, const llama_config& mc, const profile_request& req) {
+  profile_outcome out;
+  LP_TRY_ASSIGN(key, layer_profile_key(cfg, mc));
+  out.key = key;
+  const auto dir = req.cache_dir.empty() ? default_probe_cache_dir() : req.cache_dir;
+  out.cache_file = layer_profile_file(dir, key);
+  if (!req.refresh) {
+    auto text = read_text_file(out.cache_file);
+    auto cached = text ? layer_profile_from_json(*text, key) : result<layer_profile>(text.err());
+    if (cached) {
+      out.profile = std::move(*cached);
+      out.from_cache = true;
+      return out;
+    }
+    out.cache_note = cached.message();
+  }
+  LP_TRY_ASSIGN(measured, profile_layers(cfg, mc, req.options));
+  out.profile = std::move(measured);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (auto st = write_file_atomic(out.cache_file, layer_profile_to_json(out.profile, key)); !st) out.cache_note = st.message();
+  else out.cache_note.clear();
+  return out;
+}
+
+compute_rates project_compute_rates(const project_config& cfg, const llama_config& mc, const std::filesystem::path& cache_dir) {
+  auto key = layer_profile_key(cfg, mc);
+  if (!key) return compute_rates(auto_schedule_gflops);
+  auto text = read_text_file(layer_profile_file(cache_dir.empty() ? default_probe_cache_dir() : cache_dir, *key));
+  if (!text) return compute_rates(auto_schedule_gflops);
+  auto p = layer_profile_from_json(*text, *key);
+  if (!p || static_cast<int64_t>(p->compute.layer_forward_s.size()) != mc.num_layers) return compute_rates(auto_schedule_gflops);
+  return compute_rates(std::make_shared<const measured_compute>(p->compute));
+}
+
+std::string layer_profile_text(const layer_profile& p) {
+  const auto& c = p.compute;
+  const auto ms = [](double s) { return fmt::format("{:.3f}", s * 1e3); };
+  // Layers of one kind have one measurement: print each distinct one once.
+  std::string layers;
+  for (size_t l = 0; l < c.layer_forward_s.size(); ++l) {
+    if (l > 0 && c.layer_forward_s[l] == c.layer_forward_s[l - 1] && c.layer_backward_s[l] == c.layer_backward_s[l - 1]) continue;
+    size_t e = l;
+    while (e + 1 < c.layer_forward_s.size() && c.layer_forward_s[e + 1] == c.layer_forward_s[l] && c.layer_backward_s[e + 1] == c.layer_backward_s[l]) ++e;
+    layers += fmt::format("  layers {}-{}: forward {} ms ({} ms without autograd), backward {} ms\n", l, e, ms(c.layer_forward_s[l]),
+                          ms(c.layer_forward_nograd_s[l]), ms(c.layer_backward_s[l]));
+  }
+  return fmt::format("layer profile on {} ({}, {} x {} tokens per micro-batch; medians of {} rounds after {} warm-up; took {:.2f} s):\n{}"
+                     "  embedding {} ms; head (final norm, LM head, loss) forward {} ms, backward {} ms\n"
+                     "  per layer: weights {:.2f} MiB, autograd graph {:.1f} KiB per token\n",
+                     p.device, p.dtype, c.rows, c.seq_len, p.repeats, p.warmup, p.seconds, layers, ms(c.embed_s), ms(c.head_forward_s),
+                     ms(c.head_backward_s), p.weight_bytes_per_layer / 1048576.0, p.graph_bytes_per_token / 1024.0);
+}
+
+}  // namespace lorapipe
