@@ -45,7 +45,7 @@ nlohmann::json questions_json(const plan_inputs& in) {
   for (const auto& a : in.answers) {
     nlohmann::json changes = nlohmann::json::array();
     for (const auto& c : a.changes) changes.push_back({{"field", c.field}, {"before", c.before}, {"after", c.after}});
-    nlohmann::json q = {{"question", a.question}, {"changes", changes}, {"error", a.error}, {"before", summary_json(a.before)}};
+    nlohmann::json q = {{"question", a.question}, {"changes", changes}, {"notes", a.notes}, {"error", a.error}, {"before", summary_json(a.before)}};
     if (a.error.empty()) q["after"] = summary_json(a.after);
     out["what_if"].push_back(q);
   }
@@ -65,7 +65,7 @@ void print_plan_json(const plan_inputs& in) {
   const auto& prog = rep->prog;
   const auto& r = rep->sim;
   const auto& probed = in.probed;
-  nlohmann::json j = {{"schedule", prog.schedule}, {"devices", prog.num_devices()}, {"micro_batches", prog.micro_batches},
+  nlohmann::json j = {{"schedule", rep->schedule}, {"devices", prog.num_devices()}, {"micro_batches", prog.micro_batches},
                       {"stages", prog.stages.size()}, {"step_seconds", r.makespan_s}, {"bubble_ratio", r.bubble_ratio},
                       {"peak_bytes", r.peak_bytes}, {"busy_seconds", r.busy_s}, {"program", program_to_text(prog)},
                       {"stage_weight_bytes", rep->stage_bytes},
@@ -136,7 +136,7 @@ void print_plan_text(const plan_inputs& in) {
               << fmt::format("  the prediction costs copies at {:.2f} GB/s (the slowest measured with every device copying)\n",
                              with_probed_bandwidth(*p, inv).offload.copy_gbps);
   }
-  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, prog.schedule,
+  std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, rep->schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
   std::cout << fmt::format("estimated step {:.3f} s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s, rep->compute, r.bubble_ratio);
   if (!rep->schedule_candidates.empty()) {
@@ -201,6 +201,8 @@ int cmd_plan(const plan_args& a) {
     auto out = profile_project(*p, *mc, req);
     if (!out) return cli_fail(out.message());
     profiled = std::move(*out);
+    if (!profiled->from_cache && !profiled->cache_note.empty())
+      std::fputs(fmt::format("warning: layer profile {}\n", profiled->cache_note).c_str(), stderr);
   }
   auto rep = make_plan(*p, a.gflops, inv, profiled ? std::make_shared<const measured_compute>(profiled->profile.compute) : nullptr);
   if (!rep) return cli_fail(rep.message());

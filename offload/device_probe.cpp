@@ -219,6 +219,19 @@ void read_pci_link(const std::filesystem::path& root, const std::string& bus_id,
   if (!numa.empty()) d.numa_node = std::atoi(numa.c_str());
 }
 
+status describe_gpu(int gpu, probed_device& d) {
+#ifdef LORAPIPE_HAS_CUDA
+  try {
+    return cuda_describe_gpu(gpu, d);
+  } catch (const std::exception& e) {
+    return make_error("cuda:{}: {}", gpu, e.what());
+  }
+#else
+  (void)d;
+  return make_error("cuda:{}: this build has no CUDA", gpu);
+#endif
+}
+
 device_inventory describe_inventory(const std::vector<compute_device*>& devices) {
   device_inventory inv;
   for (auto* dev : devices) {
@@ -230,15 +243,8 @@ device_inventory describe_inventory(const std::vector<compute_device*>& devices)
     d.threads = dev->compute_threads();
     d.speed = dev->compute_speed();
     d.copy_limit_bytes_per_s = dev->upload().bytes_per_s();
-#ifdef LORAPIPE_HAS_CUDA
-    if (d.gpu >= 0) {
-      try {
-        if (auto st = cuda_describe_gpu(d.gpu, d); !st) d.error = d.name + ": " + st.message();
-      } catch (const std::exception& e) {
-        d.error = d.name + ": " + e.what();
-      }
-    }
-#endif
+    if (d.gpu >= 0)
+      if (auto st = describe_gpu(d.gpu, d); !st) d.error = d.name + ": " + st.message();
     inv.devices.push_back(std::move(d));
   }
   for (size_t i = 0; i < devices.size(); ++i)

@@ -65,6 +65,9 @@ struct probe_options {
   bool peers = true;                // time peer copies between devices with direct access
 };
 
+// A GPU's static facts (name, memory, SMs, compute capability, PCIe, NUMA) without creating a
+// pipeline device; an error in builds without CUDA.
+status describe_gpu(int gpu, probed_device& d);
 // The static facts of the devices (no copies) and their fingerprint.
 device_inventory describe_inventory(const std::vector<compute_device*>& devices);
 // Times the copies into `inv` (made by describe_inventory from the same devices) within

@@ -303,8 +303,6 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
     EXPECT_NEAR(c.backward_s[1], 5 * 5e-3 + 11e-3, 1e-12);
   }
   // Twice the tokens per micro-batch: the layers' and the head's FLOPs set the scale.
-  project_config big = cfg;
-  big.data.seq_len = 256;
   EXPECT_NEAR(rates.layer_backward(mc, 0, 2, 256), 5e-3 * layer_forward_flops(mc, 2, 256) / layer_forward_flops(mc, 2, 128), 1e-12);
   EXPECT_NEAR(rates.head_forward(mc, 4, 128), 2 * 7e-3, 1e-12);
   EXPECT_NE(rates.describe().find("layer profile"), std::string::npos);

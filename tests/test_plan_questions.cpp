@@ -84,6 +84,12 @@ TEST(PlanQuestions, WhatIfEqualsPlanningTheChangedProject) {
   const std::string text = what_if_text(a);
   EXPECT_NE(text.find("data.seq_len: 64 -> 128"), std::string::npos) << text;
   EXPECT_NE(text.find("1f1b x4 on cpu:2 (layers 3,2) -> 1f1b x2 on cpu:2 (layers 3,2)"), std::string::npos) << text;
+  EXPECT_TRUE(a.notes.empty());
+  project_config autoc = c;
+  autoc.parallel.schedule = "auto";
+  const auto held = apply_what_if(autoc, "micro_batches=2");
+  ASSERT_EQ(held->notes.size(), 1u);
+  EXPECT_NE(held->notes[0].find("schedule=NAME"), std::string::npos);
 }
 
 TEST(PlanQuestions, DevicesAddedOrRemovedAndP2POff) {
@@ -185,6 +191,19 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
   auto again = make_plan(load_project(file).value(), 100);
   ASSERT_TRUE(again.ok()) << again.message();
   EXPECT_EQ(program_to_text(again->prog), program_to_text(rep->prog));
+  // One device: the plan is "single" (no pipeline), nothing else is written.
+  nlohmann::ordered_json one = j;
+  one["parallel"] = {{"devices", "cpu"}};
+  ASSERT_TRUE(write_file_atomic(file, one.dump(2)).ok());
+  const auto single_cfg = load_project(file).value();
+  const auto single = make_plan(single_cfg, 100).value();
+  EXPECT_EQ(single.schedule, "single");
+  EXPECT_EQ(summarize_plan(single_cfg, single).schedule, "single");
+  ASSERT_TRUE(write_plan_choices(file, single_cfg, single).ok());
+  const auto one_back = nlohmann::ordered_json::parse(read_text_file(file).value());
+  EXPECT_EQ(one_back["parallel"], (nlohmann::ordered_json{{"devices", "cpu"}, {"schedule", "single"}}));
+  const auto fit = largest_fit(with_plan_choices(single_cfg, single), {size_t{1} << 30});
+  EXPECT_NE(fit->note.find("not planned"), std::string::npos) << fit->note;
   // A file that is not a project object is left alone.
   ASSERT_TRUE(write_file_atomic(file, "[1, 2]").ok());
   EXPECT_FALSE(write_plan_choices(file, *loaded, *rep).ok());
@@ -194,8 +213,8 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
 
 // The layer profiler on stories260K (CPU), its cache, and the planner picking the cached profile up.
 TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
-  const fs::path cache = fs::temp_directory_path() / fmt::format("lp_profile_{}", ::getpid());
-  fs::remove_all(cache);
+  const fs::path cache = fs::temp_directory_path() / fmt::format("lp_profile_{}", ::getpid()) / "lorapipe";
+  fs::remove_all(cache.parent_path());
   const project_config c = stories_pipeline();
   const llama_config mc = project_model_config(c).value();
   EXPECT_EQ(project_compute_rates(c, mc, cache).measured, nullptr);  // nothing cached: FLOPs
@@ -228,23 +247,53 @@ TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
   const compute_rates rates = project_compute_rates(c, mc, cache);
   ASSERT_NE(rates.measured, nullptr);
   EXPECT_EQ(rates.measured->head_forward_s, m.head_forward_s);
-  const auto rep = make_plan(c, 100, nullptr, rates.measured).value();
-  EXPECT_EQ(rep.measured, rates.measured);
-  EXPECT_NE(rep.compute.find("layer profile"), std::string::npos);
-  EXPECT_DOUBLE_EQ(rep.sim.makespan_s, simulate(rep.prog, estimate_costs(rep.prog, mc, c, rates)).makespan_s);
-  // Another shape or device setting is another key; a damaged file is measured again.
+  // make_plan finds the cached profile by itself (in $XDG_CACHE_HOME/lorapipe) and charges it,
+  // choices included.
+  project_config choosing = c;
+  choosing.parallel.partition = "auto";
+  const char* saved = std::getenv("XDG_CACHE_HOME");
+  const std::string saved_value = saved ? saved : "";
+  ::setenv("XDG_CACHE_HOME", cache.parent_path().c_str(), 1);
+  const auto rep = make_plan(choosing, 100);
+  if (saved) ::setenv("XDG_CACHE_HOME", saved_value.c_str(), 1);
+  else ::unsetenv("XDG_CACHE_HOME");
+  const auto flops = make_plan(choosing, 100);
+  ASSERT_TRUE(rep.ok()) << rep.message();
+  ASSERT_NE(rep->measured, nullptr);
+  EXPECT_EQ(rep->measured->layer_backward_s, m.layer_backward_s);
+  EXPECT_NE(rep->compute.find("layer profile"), std::string::npos);
+  EXPECT_EQ(rep->partition.sizes, choose_partition(choosing, mc, rates).value().sizes);
+  EXPECT_DOUBLE_EQ(rep->sim.makespan_s, simulate(rep->prog, estimate_costs(rep->prog, mc, choosing, rates)).makespan_s);
+  ASSERT_TRUE(flops.ok());
+  EXPECT_EQ(flops->measured, nullptr);  // the test's own cache (ctest sets XDG_CACHE_HOME) has none
+  EXPECT_NE(flops->compute.find("GFLOP/s"), std::string::npos);
+  EXPECT_NE(flops->sim.makespan_s, rep->sim.makespan_s);
+  // Another shape: the nearest cached one stands in (scaled by FLOPs); another device setting is
+  // another key; a damaged file is measured again.
   project_config longer = c;
   longer.data.seq_len = 128;
-  EXPECT_NE(layer_profile_key(longer, mc).value(), first->key);
-  EXPECT_EQ(project_compute_rates(longer, mc, cache).measured, nullptr);
+  EXPECT_EQ(layer_profile_key(longer, mc).value(), first->key);
+  ASSERT_NE(project_compute_rates(longer, mc, cache).measured, nullptr);
+  EXPECT_EQ(project_compute_rates(longer, mc, cache).measured->seq_len, 64);
   project_config threads = c;
   threads.parallel.threads_per_device = 2;
   EXPECT_NE(layer_profile_key(threads, mc).value(), first->key);
+  EXPECT_EQ(project_compute_rates(threads, mc, cache).measured, nullptr);
+  // A what-if reuses the plan's profile for the same key (another shape: scaled), not for another.
+  const plan_summary base = summarize_plan(c, make_plan(c, 100, nullptr, rates.measured).value());
+  const auto scaled = what_if(c, base, "seq_len=128", 100, nullptr, rates.measured);
+  EXPECT_DOUBLE_EQ(scaled.after.step_s, make_plan(longer, 100, nullptr, rates.measured)->sim.makespan_s);
+  const auto other = what_if(c, base, "threads_per_device=2", 100, nullptr, rates.measured);
+  EXPECT_DOUBLE_EQ(other.after.step_s, make_plan(threads, 100, nullptr, nullptr)->sim.makespan_s);
+  EXPECT_NE(other.after.step_s, make_plan(threads, 100, nullptr, rates.measured)->sim.makespan_s);
+  project_config dropout = c;
+  dropout.lora.dropout = 0.1;
+  EXPECT_NE(layer_profile_key(dropout, mc).value(), first->key);
   ASSERT_TRUE(write_file_atomic(first->cache_file, "{\"key\": \"" + first->key + "\"}").ok());
   EXPECT_EQ(project_compute_rates(c, mc, cache).measured, nullptr);
   auto third = profile_project(c, mc, req);
   ASSERT_TRUE(third.ok());
   EXPECT_FALSE(third->from_cache);
   EXPECT_NE(layer_profile_from_json(read_text_file(first->cache_file).value(), "other").message().find("another"), std::string::npos);
-  fs::remove_all(cache);
+  fs::remove_all(cache.parent_path());
 }

@@ -192,6 +192,14 @@ QString autoChoiceText(const plan_report& p) {
 }  // namespace
 
 void PlanPage::replan() {
+  // What is on screen no longer describes the project: nothing to keep, no answer to wait for.
+  shown_.reset();
+  keep_->setEnabled(false);
+  if (asking_) {
+    ++asked_;
+    asking_ = false;
+    whatIfAnswer_->hide();
+  }
   if (!valid_) {
     summary_->setText(tr("Fix the project's problems (Project page) to see its plan."));
     ++generation_;  // a result still coming for an earlier project is stale
@@ -216,8 +224,6 @@ void PlanPage::replan() {
     busy_ = false;
     ++planned_;
     const auto& r = o.plan;
-    shown_.reset();
-    keep_->setEnabled(false);
     if (!r) {
       summary_->setText(tr("No plan: %1").arg(QString::fromStdString(r.message())));
       gantt_->setTimeline(tr("Simulated step"), {}, {}, 0);
@@ -308,8 +314,10 @@ void PlanPage::askWhatIf() {
   const auto base = *shown_;
   const double gflops = gflops_->value();
   const auto profile = shownProfile_;
+  const int ask = ++asked_;
   runAsync(this, [cfg, base, question, gflops, profile] { return what_if(cfg, base, question, gflops, nullptr, profile); },
-           [this](const what_if_answer& a) {
+           [this, ask](const what_if_answer& a) {
+             if (ask != asked_) return;  // asked of a plan that has changed since
              asking_ = false;
              whatIfAnswer_->setText(QStringLiteral("<pre>%1</pre>").arg(QString::fromStdString(what_if_text(a)).toHtmlEscaped()));
            });

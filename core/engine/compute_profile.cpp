@@ -1,6 +1,7 @@
 // The project's layer profile with its cache: see compute_profile.h.
 #include "core/engine/compute_profile.h"
 
+#include <cmath>
 #include <fstream>
 #include <thread>
 
@@ -11,9 +12,9 @@
 #include "core/base/device_spec.h"
 #include "core/base/file_io.h"
 #include "core/base/hash.h"
+#include "core/engine/build_info.h"
 #include "core/engine/device_inventory.h"
-#include "core/train/pipeline_setup.h"
-#include "offload/device.h"
+#include "offload/device_probe.h"
 
 namespace lorapipe {
 
@@ -39,29 +40,32 @@ result<nlohmann::json> profiled_device_facts(const project_config& cfg) {
   if (spec.gpus.empty())
     return nlohmann::json{{"kind", "cpu"}, {"threads", cfg.parallel.threads_per_device}, {"processor", host_processor()},
                           {"cores", std::thread::hardware_concurrency()}};
-  LP_TRY_ASSIGN(opts, device_options_of(cfg));
-  LP_TRY_ASSIGN(devs, make_devices(fmt::format("cuda:{}", spec.gpus[0]), opts));
-  const auto inv = describe_inventory({devs[0].get()});
-  const auto& d = inv.devices.at(0);
+  probed_device d;
+  LP_TRY(describe_gpu(spec.gpus[0], d));
   return nlohmann::json{{"kind", "cuda"}, {"gpu", d.gpu_name}, {"cc", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
                         {"sms", d.sm_count}, {"total_bytes", d.total_bytes}};
 }
+
+// Sequences per micro-batch as the profiler measures them.
+int64_t profiled_rows(const project_config& cfg) {
+  const bool pipelined = cfg.parallel.schedule != "single" && device_count(cfg.parallel.devices) > 1;
+  return std::max<int64_t>(1, cfg.run.batch_size / (pipelined ? std::max<int64_t>(1, cfg.parallel.micro_batches) : 1));
+}
+
+std::filesystem::path cache_dir_or_default(const std::filesystem::path& dir) { return dir.empty() ? default_probe_cache_dir() : dir; }
 
 }  // namespace
 
 result<std::string> layer_profile_key(const project_config& cfg, const llama_config& mc) {
   LP_TRY_ASSIGN(device, profiled_device_facts(cfg));
-  const bool pipelined = cfg.parallel.schedule != "single" && device_count(cfg.parallel.devices) > 1;
-  const int64_t rows = std::max<int64_t>(1, cfg.run.batch_size / (pipelined ? std::max<int64_t>(1, cfg.parallel.micro_batches) : 1));
   const nlohmann::json j = {{"format", profile_format},
                             {"model", {{"type", mc.model_type}, {"layers", mc.num_layers}, {"hidden", mc.hidden_size},
                                        {"ffn", mc.intermediate_size}, {"heads", mc.num_heads}, {"kv_heads", mc.num_kv_heads},
                                        {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"sliding_window", mc.sliding_window},
                                        {"sliding_layers", mc.sliding_layers}}},
                             {"dtype", cfg.model.dtype},
-                            {"rows", rows},
-                            {"seq_len", cfg.data.seq_len},
-                            {"lora", {{"r", cfg.lora.r}, {"targets", fit_lora_targets(mc, cfg.lora.targets)}}},
+                            {"lora", {{"r", cfg.lora.r}, {"targets", fit_lora_targets(mc, cfg.lora.targets)}, {"dropout", cfg.lora.dropout}}},
+                            {"libtorch", describe_build().libtorch},
                             {"device", device}};
   const std::string text = j.dump();
   return sha256_hex(text.data(), text.size());
@@ -87,16 +91,16 @@ result<layer_profile> layer_profile_from_json(const std::string& text, const std
   }
 }
 
-std::filesystem::path layer_profile_file(const std::filesystem::path& dir, const std::string& key) {
-  return dir / ("layers-" + key.substr(0, 16) + ".json");
+std::filesystem::path layer_profile_file(const std::filesystem::path& dir, const std::string& key, int64_t rows, int64_t seq_len) {
+  return dir / fmt::format("layers-{}-{}x{}.json", key.substr(0, 16), rows, seq_len);
 }
 
 result<profile_outcome> profile_project(const project_config& cfg, const llama_config& mc, const profile_request& req) {
   profile_outcome out;
   LP_TRY_ASSIGN(key, layer_profile_key(cfg, mc));
   out.key = key;
-  const auto dir = req.cache_dir.empty() ? default_probe_cache_dir() : req.cache_dir;
-  out.cache_file = layer_profile_file(dir, key);
+  const auto dir = cache_dir_or_default(req.cache_dir);
+  out.cache_file = layer_profile_file(dir, key, profiled_rows(cfg), cfg.data.seq_len);
   if (!req.refresh) {
     auto text = read_text_file(out.cache_file);
     auto cached = text ? layer_profile_from_json(*text, key) : result<layer_profile>(text.err());
@@ -111,19 +115,41 @@ result<profile_outcome> profile_project(const project_config& cfg, const llama_c
   out.profile = std::move(measured);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (auto st = write_file_atomic(out.cache_file, layer_profile_to_json(out.profile, key)); !st) out.cache_note = st.message();
+  if (auto st = write_file_atomic(out.cache_file, layer_profile_to_json(out.profile, key)); !st)
+    out.cache_note = "not cached, so later plans and train will not use it: " + st.message();
   else out.cache_note.clear();
   return out;
 }
 
-compute_rates project_compute_rates(const project_config& cfg, const llama_config& mc, const std::filesystem::path& cache_dir) {
+std::shared_ptr<const measured_compute> cached_layer_profile(const project_config& cfg, const llama_config& mc,
+                                                             const std::filesystem::path& cache_dir) {
   auto key = layer_profile_key(cfg, mc);
-  if (!key) return compute_rates(auto_schedule_gflops);
-  auto text = read_text_file(layer_profile_file(cache_dir.empty() ? default_probe_cache_dir() : cache_dir, *key));
-  if (!text) return compute_rates(auto_schedule_gflops);
-  auto p = layer_profile_from_json(*text, *key);
-  if (!p || static_cast<int64_t>(p->compute.layer_forward_s.size()) != mc.num_layers) return compute_rates(auto_schedule_gflops);
-  return compute_rates(std::make_shared<const measured_compute>(p->compute));
+  if (!key) return nullptr;
+  const auto dir = cache_dir_or_default(cache_dir);
+  const double want = static_cast<double>(profiled_rows(cfg) * cfg.data.seq_len);
+  // This shape's profile, else the one of this model, LoRA and device nearest in tokens per
+  // micro-batch (scaled by FLOPs).
+  std::shared_ptr<const measured_compute> best;
+  double best_gap = 0;
+  const auto consider = [&](const std::filesystem::path& file) {
+    auto text = read_text_file(file);
+    auto p = text ? layer_profile_from_json(*text, *key) : result<layer_profile>(text.err());
+    if (!p || static_cast<int64_t>(p->compute.layer_forward_s.size()) != mc.num_layers) return;
+    const double gap = std::abs(std::log(static_cast<double>(p->compute.rows * p->compute.seq_len) / want));
+    if (!best || gap < best_gap) best = std::make_shared<const measured_compute>(p->compute), best_gap = gap;
+  };
+  consider(layer_profile_file(dir, *key, profiled_rows(cfg), cfg.data.seq_len));
+  if (best) return best;
+  std::error_code ec;
+  const std::string prefix = "layers-" + key->substr(0, 16) + "-";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) consider(e.path());
+  return best;
+}
+
+compute_rates project_compute_rates(const project_config& cfg, const llama_config& mc, const std::filesystem::path& cache_dir) {
+  auto p = cached_layer_profile(cfg, mc, cache_dir);
+  return p ? compute_rates(std::move(p)) : compute_rates(auto_schedule_gflops);
 }
 
 std::string layer_profile_text(const layer_profile& p) {

@@ -1,9 +1,11 @@
 // The project's layer profile (core/train/layer_profile.h), measured once and cached by what it
-// depends on: the model's shapes, the compute dtype, the micro-batch shape (sequences x tokens),
-// the LoRA rank and targets, and the profiled device (its static facts without free memory or link
-// state; CPU devices: threads per device and the host's processor). When the cache has the
-// project's profile, the planner charges its times instead of FLOPs: `plan`, schedule and partition
-// `auto`, and so the trainer (nothing is measured at launch). `plan --profile` measures it.
+// depends on: a key of the model's shapes, the compute dtype, the LoRA rank, targets and dropout,
+// the LibTorch version and the profiled device (its static facts without free memory or link
+// state; CPU devices: threads per device and the host's processor), and the micro-batch shape
+// (sequences x tokens) in the file name. When the cache has a profile for the project's key (its
+// shape's, else the one nearest in tokens per micro-batch, scaled by FLOPs), the planner charges its
+// times instead of FLOPs: `plan`, schedule and partition `auto`, and so the trainer (nothing is
+// measured at launch). `plan --profile` measures it.
 #pragma once
 
 #include <filesystem>
@@ -18,13 +20,13 @@
 
 namespace lorapipe {
 
-// Hex sha256 of everything the profile depends on.
+// Hex sha256 of everything the profile depends on but the micro-batch shape.
 result<std::string> layer_profile_key(const project_config& cfg, const llama_config& mc);
 
 std::string layer_profile_to_json(const layer_profile& p, const std::string& key);
 // The profile in a cache file, refused when it was made for another key.
 result<layer_profile> layer_profile_from_json(const std::string& text, const std::string& key);
-std::filesystem::path layer_profile_file(const std::filesystem::path& dir, const std::string& key);
+std::filesystem::path layer_profile_file(const std::filesystem::path& dir, const std::string& key, int64_t rows, int64_t seq_len);
 
 struct profile_request {
   bool refresh = false;             // measure even when the cache has it
@@ -38,11 +40,15 @@ struct profile_outcome {
   std::filesystem::path cache_file;
   std::string cache_note;  // why the cache was not read or written (empty when it was)
 };
-// The cached profile, or a new measurement written to the cache.
+// The cached profile of the project's shape, or a new measurement written to the cache.
 result<profile_outcome> profile_project(const project_config& cfg, const llama_config& mc, const profile_request& req);
 
-// What the planner charges for the project's compute: its cached layer profile when there is one
-// (nothing is measured here), else FLOPs at auto_schedule_gflops.
+// The cached profile for the project's key: its shape's, else the nearest shape's; null when none
+// (nothing is measured here).
+std::shared_ptr<const measured_compute> cached_layer_profile(const project_config& cfg, const llama_config& mc,
+                                                             const std::filesystem::path& cache_dir = {});
+// What the planner charges for the project's compute: cached_layer_profile when there is one, else
+// FLOPs at auto_schedule_gflops.
 compute_rates project_compute_rates(const project_config& cfg, const llama_config& mc, const std::filesystem::path& cache_dir = {});
 
 // Per layer forward (with / without autograd) and backward, embedding, head, in milliseconds.

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 
 #include "core/base/device_spec.h"
 #include "core/base/file_io.h"
+#include "core/engine/compute_profile.h"
 #include "core/pipeline/cost_model.h"
 #include "core/pipeline/partition_search.h"
 
@@ -45,14 +47,16 @@ result<std::string> shift_devices(const std::string& spec, int delta) {
 }
 
 // After a change of device count: settings per device of the old set no longer apply.
-void refit_per_device(project_config& c, const project_config& before, bool speeds_given, std::vector<what_if_change>& changes) {
+void refit_per_device(project_config& c, const project_config& before, const std::set<std::string>& given,
+                      std::vector<what_if_change>& changes) {
   const int64_t n = device_count(c.parallel.devices);
-  if (n == device_count(before.parallel.devices)) return;
-  if (c.parallel.partition != "auto" && c.parallel.partition != "even") {
+  const bool stages_changed = n != device_count(before.parallel.devices) || c.parallel.schedule != before.parallel.schedule ||
+                              c.parallel.virtual_stages != before.parallel.virtual_stages;
+  if (stages_changed && !given.count("parallel.partition") && c.parallel.partition != "auto" && c.parallel.partition != "even") {
     changes.push_back({"parallel.partition", c.parallel.partition, "auto"});
     c.parallel.partition = "auto";
   }
-  if (!speeds_given && !c.parallel.device_speeds.empty()) {
+  if (n != device_count(before.parallel.devices) && !given.count("parallel.device_speeds") && !c.parallel.device_speeds.empty()) {
     std::vector<std::string> s;
     std::stringstream ss(c.parallel.device_speeds);
     for (std::string x; std::getline(ss, x, ',');) s.push_back(x);
@@ -67,7 +71,7 @@ void refit_per_device(project_config& c, const project_config& before, bool spee
 
 plan_summary summarize_plan(const project_config& cfg, const plan_report& rep) {
   plan_summary s;
-  s.schedule = rep.prog.schedule;
+  s.schedule = rep.schedule;
   s.micro_batches = rep.prog.micro_batches;
   s.partition = partition_text(rep.partition.sizes);
   s.devices = cfg.parallel.devices;
@@ -83,7 +87,7 @@ plan_summary summarize_plan(const project_config& cfg, const plan_report& rep) {
 result<what_if_variant> apply_what_if(const project_config& cfg, const std::string& question) {
   what_if_variant v{cfg, {}};
   std::stringstream ss(question);
-  bool speeds_given = false;
+  std::set<std::string> given;
   for (std::string item; ss >> item;) {
     const auto eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -105,11 +109,15 @@ result<what_if_variant> apply_what_if(const project_config& cfg, const std::stri
     }
     const project_config prior = v.cfg;
     LP_TRY_ASSIGN(path, set_project_field(v.cfg, field, text));
-    if (path == "parallel.device_speeds") speeds_given = true;
+    given.insert(path);
     v.changes.push_back({path, project_field_text(prior, path), project_field_text(v.cfg, path)});
   }
   if (v.changes.empty()) return make_error("what-if: no setting given (e.g. seq_len=2048)");
-  refit_per_device(v.cfg, cfg, speeds_given, v.changes);
+  if (v.cfg.parallel.schedule == "auto")
+    for (const auto& c : v.changes)
+      if (c.field == "parallel.micro_batches")
+        v.notes.push_back("parallel.schedule is auto: the planner chooses the micro-batch count (add schedule=NAME to hold it)");
+  refit_per_device(v.cfg, cfg, given, v.changes);
   LP_TRY(validate_project(v.cfg));
   return v;
 }
@@ -125,9 +133,19 @@ what_if_answer what_if(const project_config& cfg, const plan_summary& base, cons
     return a;
   }
   a.changes = v->changes;
+  a.notes = v->notes;
   const bool same_devices = v->cfg.parallel.devices == cfg.parallel.devices;
-  const bool same_model = v->cfg.model.path == cfg.model.path && v->cfg.model.dtype == cfg.model.dtype;
-  auto rep = make_plan(v->cfg, gflops, same_devices ? probe : nullptr, same_model ? std::move(profile) : nullptr);
+  // The plan's profile stands for the variant when it has the same key (model, dtype, LoRA, device);
+  // otherwise the variant is planned as itself (its own cached profile, or FLOPs).
+  bool same_key = false;
+  if (profile) {
+    auto mc = project_model_config(cfg);
+    auto vmc = project_model_config(v->cfg);
+    auto k = mc ? layer_profile_key(cfg, *mc) : result<std::string>(mc.err());
+    auto vk = vmc ? layer_profile_key(v->cfg, *vmc) : result<std::string>(vmc.err());
+    same_key = k && vk && *k == *vk;
+  }
+  auto rep = make_plan(v->cfg, gflops, same_devices ? probe : nullptr, same_key ? std::move(profile) : nullptr);
   if (!rep) {
     a.error = rep.message();
     return a;
@@ -139,6 +157,7 @@ what_if_answer what_if(const project_config& cfg, const plan_summary& base, cons
 std::string what_if_text(const what_if_answer& a) {
   std::string out = fmt::format("what if {}:\n", a.question);
   for (const auto& c : a.changes) out += fmt::format("  {}: {} -> {}\n", c.field, c.before.empty() ? "\"\"" : c.before, c.after);
+  for (const auto& n : a.notes) out += "  note: " + n + "\n";
   if (!a.error.empty()) return out + "  cannot be planned: " + a.error + "\n";
   const auto& b = a.before;
   const auto& f = a.after;
@@ -164,8 +183,11 @@ std::vector<size_t> project_capacity(const project_config& cfg, const device_inv
   const int64_t n = std::max<int64_t>(1, device_count(cfg.parallel.devices));
   std::vector<size_t> cap(static_cast<size_t>(n), 0);
   const bool probed = probe != nullptr && probe->devices.size() == cap.size();
-  for (size_t d = 0; d < cap.size(); ++d)
-    cap[d] = probed ? probe->devices[d].capacity_bytes : static_cast<size_t>(std::max(0.0, cfg.offload.device_memory_mb) * 1048576.0);
+  const auto limit = static_cast<size_t>(std::max(0.0, cfg.offload.device_memory_mb) * 1048576.0);
+  for (size_t d = 0; d < cap.size(); ++d) {
+    const size_t measured = probed ? probe->devices[d].capacity_bytes : 0;
+    cap[d] = measured > 0 && limit > 0 ? std::min(measured, limit) : std::max(measured, limit);  // the tighter of the two
+  }
   return cap;
 }
 
@@ -227,8 +249,8 @@ std::string fit_limits_text(const fit_limits& f, const project_config& cfg) {
 
 project_config with_plan_choices(const project_config& cfg, const plan_report& rep) {
   project_config c = cfg;
-  c.parallel.schedule = rep.prog.schedule;
-  if (rep.prog.schedule != "single") {
+  c.parallel.schedule = rep.schedule;
+  if (rep.schedule != "single") {
     c.parallel.micro_batches = rep.prog.micro_batches;
     c.parallel.partition = rep.partition.how == "even" ? std::string("even") : partition_text(rep.partition.sizes);
   }

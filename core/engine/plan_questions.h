@@ -44,12 +44,14 @@ struct what_if_change {
 struct what_if_variant {
   project_config cfg;
   std::vector<what_if_change> changes;
+  std::vector<std::string> notes;  // a change the planner overrides (micro-batches under schedule auto)
 };
 result<what_if_variant> apply_what_if(const project_config& cfg, const std::string& question);
 
 struct what_if_answer {
   std::string question;
   std::vector<what_if_change> changes;
+  std::vector<std::string> notes;
   plan_summary before, after;
   std::string error;  // the variant cannot be planned (invalid setting, no schedule fits, ...)
 };

@@ -50,6 +50,7 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
       r.schedule_candidates = std::move(choice.candidates);
     }
     const bool pipelined = cfg.parallel.schedule != "single";
+    r.schedule = cfg.parallel.schedule;
     r.gflops = gflops;
     if (pipelined) {
       LP_TRY_ASSIGN(part, choose_partition(cfg, mc, rates));

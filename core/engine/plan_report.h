@@ -23,6 +23,7 @@ struct plan_report {
   // planner weighed (feasible ones fastest first) and prog is its choice.
   std::string requested_schedule;
   std::vector<schedule_candidate> schedule_candidates;
+  std::string schedule;  // what runs: "single", or prog's pipeline schedule (a single run's prog is one gpipe stage)
   program prog;
   // Layers per stage and how they were chosen (parallel.partition: given, even, or balanced by
   // device speed), with the even partition's simulated step for comparison (pipelines only).

@@ -234,7 +234,9 @@ schedule_candidate weigh(const project_config& cfg, const llama_config& mc, cons
   }
   c.step_s = sim.makespan_s;
   c.bubble_ratio = sim.bubble_ratio;
-  const memory_plan mem = make_memory_plan(*prog, costs, sim, memory_inputs_of(*prog, mc, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
+  // Fit is judged by the plan the executor checks (its timing: FLOPs at auto_schedule_gflops), whatever
+  // the compute rates that rank the candidates.
+  const memory_plan mem = project_memory_plan(*prog, mc, cfg, auto_schedule_gflops);
   for (const auto& d : mem.devices) c.peak_bytes = std::max(c.peak_bytes, d.peak_bytes);
   const double cap = static_cast<double>(cfg.offload.device_memory_mb) * 1024 * 1024;
   if (cap > 0 && c.peak_bytes > cap) {

@@ -85,9 +85,8 @@ class step_oracle {
     const sim_costs costs = estimate_costs(*prog, mc_, cfg_, rates_);
     const sim_result sim = simulate(*prog, costs);
     if (!sim.ok) return inf;
-    if (cfg_.offload.device_memory_mb > 0) {
-      const memory_plan mem = make_memory_plan(*prog, costs, sim,
-                                               memory_inputs_of(*prog, mc_, compute_element_bytes(cfg_), cfg_.lora.r, cfg_.lora.targets));
+    if (cfg_.offload.device_memory_mb > 0) {  // the plan the executor checks (FLOP timing), whatever ranks the partitions
+      const memory_plan mem = project_memory_plan(*prog, mc_, cfg_, auto_schedule_gflops);
       for (const auto& d : mem.devices)
         if (d.peak_bytes > cfg_.offload.device_memory_mb * 1048576.0) return inf;
     }
@@ -95,7 +94,7 @@ class step_oracle {
   }
   const project_config& cfg_;
   const llama_config& mc_;
-  const compute_rates& rates_;
+  const compute_rates rates_;  // a copy: a double and a shared pointer
   std::map<std::vector<int32_t>, double> seen_;
 };
 

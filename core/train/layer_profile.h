@@ -30,9 +30,9 @@ struct layer_profile {
 
 struct profile_options {
   int warmup = 2;               // rounds not counted, at least
-  double warmup_seconds = 0.3;  // ... and more until they took this long
+  double warmup_seconds = 1.0;  // ... and more until they took this long (the allocator and caches settle)
   int repeats = 5;           // rounds whose medians are kept, at least
-  double min_seconds = 0.5;  // ... and more (up to max_repeats) until the kept rounds took this long
+  double min_seconds = 1.0;  // ... and more (up to max_repeats) until the kept rounds took this long
   int max_repeats = 200;
 };
 

@@ -366,6 +366,7 @@ void GuiTest::mainFlow() {
   QTest::mouseClick(plan->findChild<QPushButton*>("planKeep"), Qt::LeftButton);
   QVERIFY2(project->config().parallel.partition != "auto", project->config().parallel.partition.c_str());
   QCOMPARE(project->config().parallel.schedule, std::string("1f1b"));
+  QCOMPARE(project->config().parallel.micro_batches, int64_t{4});
   QTRY_VERIFY_WITH_TIMEOUT(!plan->busy() && plan->summary().contains("Layers per stage"), 20000);
   QVERIFY(w.isWindowModified());
 
