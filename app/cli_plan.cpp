@@ -3,6 +3,7 @@
 // (core/engine/plan_questions.h); printed here as text or JSON, and --write.
 #include "app/cli_plan.h"
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
 
@@ -32,6 +33,7 @@ struct plan_inputs {
   const std::optional<profile_outcome>& profiled;
   const result<fit_limits>& fit;
   const std::vector<what_if_answer>& answers;
+  const std::vector<what_if_answer>& faster;  // offload settings that would make the step faster and fit
 };
 
 nlohmann::json summary_json(const plan_summary& s) {
@@ -40,15 +42,20 @@ nlohmann::json summary_json(const plan_summary& s) {
           {"peak_bytes", s.peak_bytes}, {"host_bytes", s.host_bytes}, {"fits", s.refusal.empty()}, {"refusal", s.refusal}};
 }
 
-nlohmann::json questions_json(const plan_inputs& in) {
-  nlohmann::json out = {{"what_if", nlohmann::json::array()}};
-  for (const auto& a : in.answers) {
+nlohmann::json answers_json(const std::vector<what_if_answer>& answers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& a : answers) {
     nlohmann::json changes = nlohmann::json::array();
     for (const auto& c : a.changes) changes.push_back({{"field", c.field}, {"before", c.before}, {"after", c.after}});
     nlohmann::json q = {{"question", a.question}, {"changes", changes}, {"notes", a.notes}, {"error", a.error}, {"before", summary_json(a.before)}};
     if (a.error.empty()) q["after"] = summary_json(a.after);
-    out["what_if"].push_back(q);
+    out.push_back(q);
   }
+  return out;
+}
+
+nlohmann::json questions_json(const plan_inputs& in) {
+  nlohmann::json out = {{"what_if", answers_json(in.answers)}, {"faster_offload_settings", answers_json(in.faster)}};
   if (in.fit) {
     const auto& f = *in.fit;
     out["largest_fit"] = {{"bounded", f.bounded}, {"note", f.note}, {"max_seq_len", f.max_seq_len},
@@ -105,6 +112,7 @@ void print_plan_json(const plan_inputs& in) {
     j["probe"]["cache_file"] = probed->cache_file.string();
   }
   j["compute"] = rep->compute;
+  j["tokens_per_second"] = summarize_plan(in.cfg, *rep).tokens_per_s;
   if (in.profiled) {
     j["layer_profile"] = nlohmann::json::parse(layer_profile_to_json(in.profiled->profile, in.profiled->key));
     j["layer_profile"]["from_cache"] = in.profiled->from_cache;
@@ -138,7 +146,8 @@ void print_plan_text(const plan_inputs& in) {
   }
   std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, rep->schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
-  std::cout << fmt::format("estimated step {:.3f} s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s, rep->compute, r.bubble_ratio);
+  std::cout << fmt::format("estimated step {:.3f} s, {:.4g} tokens/s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s,
+                           summarize_plan(*p, *rep).tokens_per_s, rep->compute, r.bubble_ratio);
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
     for (const auto& c : rep->schedule_candidates)
@@ -171,6 +180,10 @@ void print_plan_text(const plan_inputs& in) {
   for (const auto& l : rep->links)
     std::cout << fmt::format("  link {} -> {}: {} ({})\n", rep->devices[l.from].name, rep->devices[l.to].name, transport_name(l.kind), l.reason);
   std::cout << (in.fit ? fit_limits_text(*in.fit, in.cfg) : "largest fit: " + in.fit.message() + "\n");
+  for (const auto& a : in.faster)
+    std::cout << fmt::format("faster and fits: {} (step {:.4f} s, {:+.1f}%; largest device peak {:.1f} MiB)\n", a.question, a.after.step_s,
+                             100 * (a.after.step_s / a.before.step_s - 1),
+                             *std::max_element(a.after.peak_bytes.begin(), a.after.peak_bytes.end()) / 1048576.0);
   for (const auto& a : in.answers) std::cout << what_if_text(a);
   if (in.args.grid) std::cout << program_grid(prog);
 }
@@ -210,7 +223,9 @@ int cmd_plan(const plan_args& a) {
   std::vector<what_if_answer> answers;
   const plan_summary base = summarize_plan(*p, *rep);
   for (const auto& q : a.what_if) answers.push_back(what_if(*p, base, q, a.gflops, inv, rep->measured));
-  const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers};
+  // With the schedule and partition the plan chose held: each flip is one simulation, not a search.
+  const auto faster = faster_offload_settings(with_plan_choices(*p, *rep), base, a.gflops, inv, rep->measured);
+  const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers, faster};
   if (a.json) print_plan_json(in);
   else print_plan_text(in);
   if (a.write) {

@@ -3,6 +3,7 @@
 // device shorthands (+N/-N, p2p), the largest sequence length and micro-batch that fit (one more is
 // refused by the same memory plan), writing the plan's choices into a project file, and the layer
 // profiler with its cache.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -296,4 +297,31 @@ TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
   EXPECT_FALSE(third->from_cache);
   EXPECT_NE(layer_profile_from_json(read_text_file(first->cache_file).value(), "other").message().find("another"), std::string::npos);
   fs::remove_all(cache.parent_path());
+}
+
+// The offload settings the planner does not choose, flipped one at a time: those that are faster
+// and still fit, fastest first; a limit at the plan's own peak drops those that need more memory.
+TEST(PlanQuestions, FasterOffloadSettingsFitAndAreFaster) {
+  project_config c = stories_pipeline();
+  const plan_summary base = plan_of(c);
+  const auto fast = faster_offload_settings(c, base, 100, nullptr, nullptr);
+  ASSERT_FALSE(fast.empty());
+  std::vector<std::string> asked;
+  for (size_t i = 0; i < fast.size(); ++i) {
+    asked.push_back(fast[i].question);
+    EXPECT_LT(fast[i].after.step_s, base.step_s * 0.99) << fast[i].question;
+    EXPECT_TRUE(fast[i].after.refusal.empty());
+    if (i > 0) EXPECT_LE(fast[i - 1].after.step_s, fast[i].after.step_s);
+  }
+  EXPECT_NE(std::find(asked.begin(), asked.end(), "offload.recompute=off"), asked.end());
+  // Capacity at the plan's own peak: keeping every graph (recompute off) no longer fits.
+  double peak = 0;
+  for (double p : base.peak_bytes) peak = std::max(peak, p);
+  c.offload.device_memory_mb = peak / 1048576.0 * 1.001;
+  const plan_summary capped = plan_of(c);
+  ASSERT_TRUE(capped.refusal.empty()) << capped.refusal;
+  for (const auto& a : faster_offload_settings(c, capped, 100, nullptr, nullptr)) {
+    EXPECT_NE(a.question, "offload.recompute=off");
+    EXPECT_TRUE(a.after.refusal.empty());
+  }
 }

@@ -165,7 +165,7 @@ std::string what_if_text(const what_if_answer& a) {
   out += fmt::format("  plan: {} x{} on {} ({}) -> {} x{} on {} ({})\n", b.schedule, b.micro_batches, b.devices,
                      b.partition.empty() ? "one stage" : "layers " + b.partition, f.schedule, f.micro_batches, f.devices,
                      f.partition.empty() ? "one stage" : "layers " + f.partition);
-  out += fmt::format("  step {:.4f} s -> {:.4f} s ({}), {:.0f} -> {:.0f} tokens/s ({}), bubble {:.3f} -> {:.3f}\n", b.step_s,
+  out += fmt::format("  step {:.4f} s -> {:.4f} s ({}), {:.4g} -> {:.4g} tokens/s ({}), bubble {:.3f} -> {:.3f}\n", b.step_s,
                      f.step_s, pct(b.step_s, f.step_s), b.tokens_per_s, f.tokens_per_s, pct(b.tokens_per_s, f.tokens_per_s),
                      b.bubble_ratio, f.bubble_ratio);
   const auto peaks = [](const plan_summary& s) {
@@ -176,6 +176,25 @@ std::string what_if_text(const what_if_answer& a) {
   out += fmt::format("  peak per device {} -> {}; host {} -> {}\n", peaks(b), peaks(f), mib(b.host_bytes), mib(f.host_bytes));
   if (b.refusal.empty() != f.refusal.empty() || !f.refusal.empty())
     out += fmt::format("  {} -> {}\n", b.refusal.empty() ? "fits" : "does not fit", f.refusal.empty() ? "fits" : "does not fit: " + f.refusal);
+  return out;
+}
+
+std::vector<what_if_answer> faster_offload_settings(const project_config& cfg, const plan_summary& base, double gflops,
+                                                    const device_inventory* probe, std::shared_ptr<const measured_compute> profile) {
+  std::vector<what_if_answer> out;
+  if (base.schedule == "single" || !base.refusal.empty()) return out;
+  const auto flip = [](bool b) { return b ? "off" : "on"; };
+  std::vector<std::string> questions{fmt::format("offload.stream_weights={}", flip(cfg.offload.stream_weights)),
+                                     fmt::format("offload.recompute={}", flip(cfg.offload.recompute))};
+  if (cfg.offload.recompute) {
+    questions.push_back(fmt::format("offload.activations={}", flip(cfg.offload.activations)));
+    questions.push_back(fmt::format("offload.recompute_granularity={}", cfg.offload.recompute_granularity == "layer" ? "stage" : "layer"));
+  }
+  for (const auto& q : questions) {
+    auto a = what_if(cfg, base, q, gflops, probe, profile);
+    if (a.error.empty() && a.after.refusal.empty() && a.after.step_s < base.step_s * 0.99) out.push_back(std::move(a));
+  }
+  std::sort(out.begin(), out.end(), [](const what_if_answer& x, const what_if_answer& y) { return x.after.step_s < y.after.step_s; });
   return out;
 }
 
@@ -218,10 +237,25 @@ result<fit_limits> largest_fit(const project_config& cfg_in, const std::vector<s
     const memory_plan plan = project_memory_plan(prog, mc, c, auto_schedule_gflops);
     return check_memory_plan(plan, cap, names).ok();
   };
-  // The largest x in [1, hi] with ok(x), the plans growing with x; 0 when ok(1) fails.
-  const auto largest = [](int64_t hi, const auto& ok) {
+  // The largest x in [1, hi] with ok(x), the plans growing with x; 0 when ok(1) fails. Doubling
+  // from `from` (the project's value), then bisecting: few memory plans when the answer is near.
+  const auto largest = [](int64_t from, int64_t hi, const auto& ok) {
     if (!ok(1)) return int64_t{0};
     int64_t lo = 1;
+    from = std::clamp<int64_t>(from, 1, hi);
+    if (ok(from)) {
+      lo = from;
+      while (lo < hi) {
+        const int64_t next = std::min(hi, lo * 2);
+        if (!ok(next)) {
+          hi = next - 1;
+          break;
+        }
+        lo = next;
+      }
+    } else {
+      hi = from - 1;
+    }
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
       if (ok(mid)) lo = mid;
@@ -232,9 +266,9 @@ result<fit_limits> largest_fit(const project_config& cfg_in, const std::vector<s
   const int64_t context = mc.context_length();
   const int64_t seq_cap = context > 0 ? std::min<int64_t>(context, int64_t{1} << 22) : int64_t{1} << 22;
   const int64_t rows = f.rows_per_micro_batch;
-  f.max_seq_len = largest(seq_cap, [&](int64_t s) { return fits(s, rows); });
+  f.max_seq_len = largest(cfg.data.seq_len, seq_cap, [&](int64_t s) { return fits(s, rows); });
   f.seq_len_at_model_limit = f.max_seq_len == seq_cap && context > 0 && context <= seq_cap;
-  f.max_rows_per_micro_batch = largest(int64_t{1} << 16, [&](int64_t r) { return fits(cfg.data.seq_len, r); });
+  f.max_rows_per_micro_batch = largest(rows, int64_t{1} << 16, [&](int64_t r) { return fits(cfg.data.seq_len, r); });
   if (f.max_seq_len == 0) f.note = "not even one token per sequence fits: the weights and LoRA state alone exceed a device";
   return f;
 }

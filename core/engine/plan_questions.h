@@ -62,6 +62,13 @@ what_if_answer what_if(const project_config& cfg, const plan_summary& base, cons
                        const device_inventory* probe, std::shared_ptr<const measured_compute> profile = nullptr);
 std::string what_if_text(const what_if_answer& a);
 
+// The offload settings the planner does not choose, each flipped on its own (weight streaming,
+// activation offload, recompute, recompute granularity) and planned as what-if questions; those
+// that still fit and make the step at least 1% faster, fastest first. Pipelines only. Pass the
+// project with the plan's choices made (with_plan_choices) to hold its schedule and partition.
+std::vector<what_if_answer> faster_offload_settings(const project_config& cfg, const plan_summary& base, double gflops,
+                                                    const device_inventory* probe, std::shared_ptr<const measured_compute> profile);
+
 // The memory each pipeline device may use: the probe's capacities when given, else
 // offload.device_memory_mb on every device; 0 = unbounded (CPU devices without a limit; CUDA
 // devices are known only from a probe).

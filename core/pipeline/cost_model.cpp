@@ -208,6 +208,12 @@ memory_plan project_memory_plan(const program& p, const llama_config& c, const p
   return make_memory_plan(p, costs, sim, memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
 }
 
+memory_plan checked_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates,
+                                const sim_costs& costs, const sim_result& sim) {
+  if (rates.measured || rates.gflops != auto_schedule_gflops) return project_memory_plan(p, c, cfg, auto_schedule_gflops);
+  return make_memory_plan(p, costs, sim, memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
+}
+
 namespace {
 
 schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
@@ -236,7 +242,7 @@ schedule_candidate weigh(const project_config& cfg, const llama_config& mc, cons
   c.bubble_ratio = sim.bubble_ratio;
   // Fit is judged by the plan the executor checks (its timing: FLOPs at auto_schedule_gflops), whatever
   // the compute rates that rank the candidates.
-  const memory_plan mem = project_memory_plan(*prog, mc, cfg, auto_schedule_gflops);
+  const memory_plan mem = checked_memory_plan(*prog, mc, cfg, rates, costs, sim);
   for (const auto& d : mem.devices) c.peak_bytes = std::max(c.peak_bytes, d.peak_bytes);
   const double cap = static_cast<double>(cfg.offload.device_memory_mb) * 1024 * 1024;
   if (cap > 0 && c.peak_bytes > cap) {

@@ -85,6 +85,11 @@ memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t e
 // The project's memory plan for its program (estimate_costs at `gflops` for the timing).
 memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates);
 
+// The memory plan the executor checks (project_memory_plan at auto_schedule_gflops), for a program
+// already simulated with `rates`: that simulation is reused when it has the same timing.
+memory_plan checked_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates,
+                                const sim_costs& costs, const sim_result& sim);
+
 // Simulator costs for the project's program: compute from `rates` (FLOPs at a throughput, or the
 // layer profile; a stage whose forward is recomputed later runs it without autograd), exact stage weight bytes, boundary activation bytes, stash bytes, copy
 // bandwidth from offload.copy_gbps, device speeds from parallel.device_speeds, recompute granularity

@@ -86,7 +86,7 @@ class step_oracle {
     const sim_result sim = simulate(*prog, costs);
     if (!sim.ok) return inf;
     if (cfg_.offload.device_memory_mb > 0) {  // the plan the executor checks (FLOP timing), whatever ranks the partitions
-      const memory_plan mem = project_memory_plan(*prog, mc_, cfg_, auto_schedule_gflops);
+      const memory_plan mem = checked_memory_plan(*prog, mc_, cfg_, rates_, costs, sim);
       for (const auto& d : mem.devices)
         if (d.peak_bytes > cfg_.offload.device_memory_mb * 1048576.0) return inf;
     }

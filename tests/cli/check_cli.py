@@ -335,7 +335,8 @@ def main():
         wj = json.loads(wo) if rc == 0 else {}
         answers = wj.get("what_if", [])
         fit = wj.get("largest_fit", {})
-        ok = rc == 0 and len(answers) == 3
+        ok = rc == 0 and len(answers) == 3 and all(f["after"]["fits"] and f["after"]["step_seconds"] < f["before"]["step_seconds"]
+                                                    for f in wj.get("faster_offload_settings", [None]))
         if ok:
             a, b, c = answers
             base_seq = wi["data"]["seq_len"]
@@ -396,6 +397,9 @@ def main():
               and all(x > 0 for x in lp["compute"]["layer_backward_s"]) and "layer profile" in j1.get("compute", "")
               and "layer profile" in j2.get("compute", "") and j2.get("step_seconds") == j1.get("step_seconds")
               and "FLOPs" in j3.get("compute", "") and os.path.exists(lp.get("cache_file", "")), (o1 + e1 + e2 + e3)[-800:])
+        tps = j3.get("tokens_per_second", 0)
+        check("plan --json: tokens/s is the batch's tokens over the predicted step",
+              j3 and abs(tps * j3["step_seconds"] - hp["run"]["batch_size"] * hp["data"]["seq_len"]) < 1e-6 * tps + 1e-9, o3[-300:])
         hp["parallel"]["partition"] = "2,2,1"
         json.dump(hp, open(os.path.join(t, "hp.json"), "w"))
         expect_clean_error(cli, "partition with the wrong stage count", ["plan", os.path.join(t, "hp.json")],

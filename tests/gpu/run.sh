@@ -16,3 +16,6 @@ cd "${LORAPIPE_BUILD_DIR:-$root/build}"
 ctest -L gpu --output-on-failure -V 2>&1 | tee "$out/gpu_tests.txt"
 LORAPIPE_DB="$out/runs.db" ./app/lorapipe-cli train "$root/resources/examples/stories260K-shakespeare.json" --steps 30 \
   --output "$out/run" --devices cuda:0,0 --schedule round-robin 2>&1 | tail -20 | tee "$out/train.txt"
+# The layer profile on the GPU and the plan that charges it.
+XDG_CACHE_HOME="$out/cache" ./app/lorapipe-cli plan "$root/resources/examples/stories260K-shakespeare.json" --devices cuda:0,0 \
+  --profile 2>&1 | head -30 | tee "$out/plan_profile.txt"
