@@ -146,8 +146,8 @@ void print_plan_text(const plan_inputs& in) {
   }
   std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, rep->schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
-  std::cout << fmt::format("estimated step {:.3f} s, {:.4g} tokens/s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s,
-                           summarize_plan(*p, *rep).tokens_per_s, rep->compute, r.bubble_ratio);
+  std::cout << fmt::format("estimated step {:.3f} s, {} tokens/s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s,
+                           tokens_per_s_text(summarize_plan(*p, *rep).tokens_per_s), rep->compute, r.bubble_ratio);
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
     for (const auto& c : rep->schedule_candidates)

@@ -86,6 +86,9 @@ TEST(PlanQuestions, WhatIfEqualsPlanningTheChangedProject) {
   EXPECT_NE(text.find("data.seq_len: 64 -> 128"), std::string::npos) << text;
   EXPECT_NE(text.find("1f1b x4 on cpu:2 (layers 3,2) -> 1f1b x2 on cpu:2 (layers 3,2)"), std::string::npos) << text;
   EXPECT_TRUE(a.notes.empty());
+  EXPECT_EQ(tokens_per_s_text(36077.3), "36077");
+  EXPECT_EQ(tokens_per_s_text(12.54), "12.5");
+  EXPECT_EQ(tokens_per_s_text(0.37648), "0.376");
   project_config autoc = c;
   autoc.parallel.schedule = "auto";
   const auto held = apply_what_if(autoc, "micro_batches=2");

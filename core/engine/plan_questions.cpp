@@ -84,6 +84,8 @@ plan_summary summarize_plan(const project_config& cfg, const plan_report& rep) {
   return s;
 }
 
+std::string tokens_per_s_text(double t) { return t >= 100 ? fmt::format("{:.0f}", t) : fmt::format("{:.3g}", t); }
+
 result<what_if_variant> apply_what_if(const project_config& cfg, const std::string& question) {
   what_if_variant v{cfg, {}};
   std::stringstream ss(question);
@@ -165,8 +167,9 @@ std::string what_if_text(const what_if_answer& a) {
   out += fmt::format("  plan: {} x{} on {} ({}) -> {} x{} on {} ({})\n", b.schedule, b.micro_batches, b.devices,
                      b.partition.empty() ? "one stage" : "layers " + b.partition, f.schedule, f.micro_batches, f.devices,
                      f.partition.empty() ? "one stage" : "layers " + f.partition);
-  out += fmt::format("  step {:.4f} s -> {:.4f} s ({}), {:.4g} -> {:.4g} tokens/s ({}), bubble {:.3f} -> {:.3f}\n", b.step_s,
-                     f.step_s, pct(b.step_s, f.step_s), b.tokens_per_s, f.tokens_per_s, pct(b.tokens_per_s, f.tokens_per_s),
+  out += fmt::format("  step {:.4f} s -> {:.4f} s ({}), {} -> {} tokens/s ({}), bubble {:.3f} -> {:.3f}\n", b.step_s,
+                     f.step_s, pct(b.step_s, f.step_s), tokens_per_s_text(b.tokens_per_s), tokens_per_s_text(f.tokens_per_s),
+                     pct(b.tokens_per_s, f.tokens_per_s),
                      b.bubble_ratio, f.bubble_ratio);
   const auto peaks = [](const plan_summary& s) {
     std::vector<std::string> p;

@@ -32,6 +32,8 @@ struct plan_summary {
   std::string refusal;                  // why it does not fit offload.device_memory_mb (empty: fits)
 };
 plan_summary summarize_plan(const project_config& cfg, const plan_report& rep);
+// Tokens per second as people read them: "36077", "12.5", "0.376".
+std::string tokens_per_s_text(double tokens_per_s);
 
 // A what-if question: space-separated settings, each `field=value` with a project field (in full or
 // by an unambiguous last part: seq_len, devices, micro_batches, ...) and two shorthands:
