@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -120,6 +121,7 @@ result<layer_profile> profile_layers(const project_config& cfg, const llama_conf
     const int64_t T = cfg.data.seq_len;
     const auto start = clock_type::now();
     thread_scope threads(dev.is_cpu() ? static_cast<int>(cfg.parallel.threads_per_device) : 0);
+    const c10::DeviceGuard on_device(dev);  // cuBLAS and kernels on the profiled GPU, from any thread
     profile_model m = make_profile_model(mc, dtype, dev);
     lora_adapters lora = device_lora(cfg, m.w, dtype, dev);
     const layer_context ctx{m.cfg, m.w.rope, &lora, true, dropout_key(static_cast<uint64_t>(cfg.run.seed), 0, 0)};

@@ -8,6 +8,9 @@
 namespace lorapipe::cuda {
 
 void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line) {
+  // Clear the thread's last error: a failure that leaves the context usable (an allocation that did
+  // not fit, say) must not resurface as the error of LibTorch's next, unrelated CUDA call.
+  (void)cudaGetLastError();
   std::string msg = std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + what +
                     " at " + file + ":" + std::to_string(line);
   if (e == cudaErrorMemoryAllocation) throw out_of_memory_error(msg);

@@ -39,6 +39,8 @@ TEST(CudaDevice, Bf16CastThroughPinnedMemoryAndStreams) {
 
 TEST(CudaDevice, OutOfMemoryIsATypedError) {
   EXPECT_THROW(cuda::device_buffer(0, size_t{1} << 50), out_of_memory_error);
+  // The error is not left behind for the next CUDA call (LibTorch's would report it as its own).
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
 }
 
 int main(int argc, char** argv) {
