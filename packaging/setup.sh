@@ -14,7 +14,7 @@ sudo_cmd=""
 debs=(build-essential cmake ninja-build pkg-config python3-venv
       qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev
       libsqlite3-dev libssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
-      libsentencepiece-dev libpcre2-dev libutf8proc-dev xvfb xauth clang libclang-rt-14-dev)
+      libsentencepiece-dev libpcre2-dev libutf8proc-dev libgloo-dev xvfb xauth clang libclang-rt-14-dev)
 # Building and checking the packages (packaging/package.sh, the package_tests test) also needs these.
 if [ "${LORAPIPE_SETUP_PACKAGING:-0}" = 1 ]; then
   debs+=(help2man lintian desktop-file-utils appstream libglib2.0-bin shared-mime-info dpkg-dev)

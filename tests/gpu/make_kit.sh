@@ -12,7 +12,7 @@ grep -qx '/.gpukit/' "$root/.git/info/exclude" 2>/dev/null || echo /.gpukit/ >> 
 rm -rf "$kit" && mkdir -p "$kit/debs" "$kit/root" "$kit/data/models" "$kit/data/text"
 (cd "$kit/debs" && apt-get download nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libsentencepiece-dev \
   libsentencepiece0 libprotobuf-lite32 libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2 libsqlite3-dev \
-  libsqlite3-0 libssl-dev libssl3 libgtest-dev libgmock-dev pkgconf pkgconf-bin libpkgconf3 >/dev/null)
+  libsqlite3-0 libssl-dev libssl3 libgtest-dev libgmock-dev libgloo-dev pkgconf pkgconf-bin libpkgconf3 >/dev/null)
 for f in "$kit"/debs/*.deb; do dpkg -x "$f" "$kit/root"; done
 rm -rf "$kit/debs" "$kit"/root/usr/share/{doc,man,lintian}
 lib="$kit/root/usr/lib/x86_64-linux-gnu"

@@ -1,0 +1,206 @@
+// c10d behind process_group (see process_group.h). Compiled with USE_C10D_GLOO and Debian's Gloo
+// headers (libgloo-dev), which are older than the Gloo inside LibTorch: so only c10d types are made
+// here, and Gloo objects only through c10d's factories (tests/test_process_group.cpp checks the bytes).
+#include "offload/process_group.h"
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace lorapipe {
+
+namespace {
+
+std::string hash_key(int r) { return fmt::format("lorapipe/hash/{}", r); }
+std::string seen_key(int r) { return fmt::format("lorapipe/seen/{}", r); }
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+
+// Waits for `keys` (one per rank); on timeout the error lists the ranks whose key is missing.
+status wait_for_ranks(c10d::Store& store, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                      const char* what) {
+  try {
+    store.wait(keys, timeout);
+    return ok_status();
+  } catch (const std::exception&) {
+    std::string missing;
+    for (size_t r = 0; r < keys.size(); ++r) {
+      bool present = false;
+      try {
+        present = store.check({keys[r]});
+      } catch (const std::exception&) {
+      }
+      if (!present) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+    }
+    return make_error("distributed: rank(s) {} did not {} within {} s", missing.empty() ? "?" : missing, what,
+                      std::chrono::duration<double>(timeout).count());
+  }
+}
+
+}  // namespace
+
+struct process_group::work_handle {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor keep;  // the bytes being sent
+};
+
+struct process_group::impl {
+  rendezvous_options o;
+  uint16_t port = 0;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+
+  status failed(const std::string& what, const std::exception& e) const {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);  // c10d appends a C++ trace
+    return make_error("distributed: rank {}: {} failed: {}", o.rank, what, msg);
+  }
+  status wait(const std::string& what, c10d::Work& w) const {
+    try {
+      if (!w.wait(o.timeout)) return make_error("distributed: rank {}: {} timed out after {} s", o.rank, what, o.timeout.count() / 1000.0);
+      return ok_status();
+    } catch (const std::exception& e) {
+      return failed(what, e);
+    }
+  }
+  // Runs one c10d call and waits for it; exceptions become errors naming `what`.
+  template <class F>
+  status run(const std::string& what, F&& make_work) {
+    c10::intrusive_ptr<c10d::Work> w;
+    try {
+      w = make_work();
+    } catch (const std::exception& e) {
+      return failed(what, e);
+    }
+    return wait(what, *w);
+  }
+};
+
+result<std::unique_ptr<process_group>> process_group::join(const rendezvous_options& o) {
+  if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
+    return make_error("distributed: rank {} is outside a world of {} process(es)", o.rank, o.world);
+  auto p = std::make_unique<impl>();
+  p->o = o;
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = o.port;
+    so.isServer = o.rank == 0;
+    so.waitWorkers = false;  // the hash exchange below waits, and names who is missing
+    so.timeout = o.timeout;
+    so.useLibUV = false;     // plain sockets server: no dependency on how the wheel built libuv
+    p->store = c10::make_intrusive<c10d::TCPStore>(o.host, so);
+    p->port = p->store->getPort();
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    return make_error("distributed: rank {} could not {} the rendezvous at {}:{}: {}", o.rank,
+                      o.rank == 0 ? "serve" : "reach", o.host, o.port, msg);
+  }
+  // Every rank brings its project hash; all compare, so a differing rank is refused everywhere.
+  if (o.rank == 0 && o.on_listening) o.on_listening(p->port);
+  std::vector<std::string> hashes(static_cast<size_t>(o.world)), seen(static_cast<size_t>(o.world));
+  for (int r = 0; r < o.world; ++r) hashes[static_cast<size_t>(r)] = hash_key(r), seen[static_cast<size_t>(r)] = seen_key(r);
+  p->store->set(hash_key(o.rank), bytes_of(o.config_hash));
+  LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous"));
+  std::vector<std::string> theirs;
+  for (int r = 0; r < o.world; ++r) theirs.push_back(text_of(p->store->get(hash_key(r))));
+  p->store->set(seen_key(o.rank), bytes_of("1"));
+  if (o.rank == 0) (void)wait_for_ranks(*p->store, seen, o.timeout, "read the project hashes");  // before the server may go
+  for (int r = 1; r < o.world; ++r)
+    if (theirs[static_cast<size_t>(r)] != theirs[0])
+      return make_error("distributed: rank {} runs another project than rank 0 (config hash {} vs {}); every process must "
+                        "run the same project file and settings",
+                        r, theirs[static_cast<size_t>(r)].substr(0, 16), theirs[0].substr(0, 16));
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    opts->devices.push_back(is_loopback(o.host) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                                : c10d::ProcessGroupGloo::createDefaultDevice());
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lorapipe/gloo", p->store);
+    p->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o.rank, o.world, opts);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    return make_error("distributed: rank {}: connecting the {} processes failed: {}", o.rank, o.world, msg);
+  }
+  return std::unique_ptr<process_group>(new process_group(std::move(p)));
+}
+
+process_group::process_group(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+process_group::~process_group() = default;
+int process_group::rank() const { return p_->o.rank; }
+int process_group::world() const { return p_->o.world; }
+uint16_t process_group::port() const { return p_->port; }
+
+result<process_group::pending_send> process_group::isend(const at::Tensor& t, int to, int tag) {
+  auto w = std::make_shared<work_handle>();
+  w->keep = t.contiguous();
+  std::string what = fmt::format("send to rank {} (tag {})", to, tag);
+  try {
+    std::vector<at::Tensor> v{w->keep};
+    w->work = p_->pg->send(v, to, tag);
+  } catch (const std::exception& e) {
+    return p_->failed(what, e).err();
+  }
+  return pending_send(this, std::move(w), std::move(what));
+}
+
+status process_group::send(const at::Tensor& t, int to, int tag) {
+  LP_TRY_ASSIGN(s, isend(t, to, tag));
+  return s.wait();
+}
+
+process_group::pending_send::pending_send(process_group* g, std::shared_ptr<work_handle> w, std::string what)
+    : g_(g), w_(std::move(w)), what_(std::move(what)) {}
+
+status process_group::pending_send::wait() { return g_->p_->wait(what_, *w_->work); }
+
+status process_group::recv(at::Tensor& into, int from, int tag) {
+  if (!into.is_contiguous()) return make_error("distributed: recv into a non-contiguous tensor");
+  std::vector<at::Tensor> v{into};
+  return p_->run(fmt::format("receive from rank {} (tag {})", from, tag), [&] { return p_->pg->recv(v, from, tag); });
+}
+
+status process_group::all_reduce_sum(at::Tensor& t) {
+  std::vector<at::Tensor> v{t};
+  return p_->run(fmt::format("all-reduce over {} ranks", p_->o.world), [&] { return p_->pg->allreduce(v); });
+}
+
+status process_group::broadcast(at::Tensor& t, int root) {
+  std::vector<at::Tensor> v{t};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  return p_->run(fmt::format("broadcast from rank {}", root), [&] { return p_->pg->broadcast(v, bo); });
+}
+
+status process_group::barrier() {
+  return p_->run(fmt::format("barrier of {} ranks", p_->o.world), [&] { return p_->pg->barrier(); });
+}
+
+status process_group::store_set(const std::string& key, const std::string& value) {
+  try {
+    p_->store->set("lorapipe/user/" + key, bytes_of(value));
+    return ok_status();
+  } catch (const std::exception& e) {
+    return make_error("distributed: rank {}: store set {}: {}", p_->o.rank, key, e.what());
+  }
+}
+
+result<std::string> process_group::store_get(const std::string& key) {
+  try {
+    return text_of(p_->store->get("lorapipe/user/" + key));
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    return make_error("distributed: rank {}: store get {}: {}", p_->o.rank, key, msg);
+  }
+}
+
+
+}  // namespace lorapipe

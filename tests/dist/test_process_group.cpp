@@ -1,0 +1,209 @@
+// Process groups over c10d on 127.0.0.1: the other ranks are lorapipe_dist_peer processes (every
+// child is killed and reaped by the test, whatever happens). Checks the bytes that cross (f32, bf16,
+// i64: Debian's Gloo headers against LibTorch's Gloo would garble or crash here), collectives over 2
+// and 4 processes, the refusal of a rank with another project, and that a killed, hung or missing
+// rank becomes an error naming it within the timeout.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "offload/process_group.h"
+
+extern char** environ;
+using namespace lorapipe;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+// One peer process; stderr goes to a file. The destructor kills and reaps it if still running.
+class peer {
+ public:
+  peer(const std::string& mode, int rank, int world, uint16_t port, const std::string& hash, int timeout_ms)
+      : err_(std::filesystem::temp_directory_path() / ("lp_peer_" + std::to_string(::getpid()) + "_" + std::to_string(rank))) {
+    std::vector<std::string> args{LORAPIPE_DIST_PEER, mode, std::to_string(rank), std::to_string(world),
+                                  std::to_string(port), hash, std::to_string(timeout_ms)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~peer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove(err_);
+  }
+  peer(const peer&) = delete;
+  peer& operator=(const peer&) = delete;
+  void kill() const { ::kill(pid_, SIGKILL); }
+  // The exit code, or -signal; -1000 if it had not ended within `limit` (then it is killed).
+  int wait(std::chrono::seconds limit) {
+    const auto end = clk::now() + limit;
+    int st = 0;
+    while (::waitpid(pid_, &st, WNOHANG) == 0) {
+      if (clk::now() > end) return -1000;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+  }
+  std::string stderr_text() const {
+    std::ifstream f(err_);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  bool started() const { return pid_ > 0; }
+
+ private:
+  std::filesystem::path err_;
+  pid_t pid_ = -1;
+};
+
+struct world_of {
+  std::vector<std::unique_ptr<peer>> peers;
+  result<std::unique_ptr<process_group>> rank0 = make_error("not joined");
+  // Rank 0 here; ranks 1..world-1 run `mode` (hashes[r] if given, else "same").
+  world_of(const std::string& mode, int world, int timeout_ms, std::vector<std::string> hashes = {}) {
+    rendezvous_options o;
+    o.world = world;
+    o.config_hash = "same";
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.on_listening = [&](uint16_t port) {
+      for (int r = 1; r < world; ++r)
+        peers.push_back(std::make_unique<peer>(mode, r, world, port, hashes.empty() ? "same" : hashes[static_cast<size_t>(r)], timeout_ms));
+    };
+    rank0 = process_group::join(o);
+  }
+};
+
+}  // namespace
+
+TEST(ProcessGroup, TwoProcessesMoveTensorsExactlyAndReduce) {
+  world_of w("exchange", 2, 20000);
+  ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  auto& g = **w.rank0;
+  EXPECT_EQ(g.rank(), 0);
+  EXPECT_EQ(g.world(), 2);
+  EXPECT_GT(g.port(), 0);
+  const auto x = torch::randn({4, 1024});  // f32 [4,1024]
+  ASSERT_TRUE(g.send(x, 1, 1).ok());
+  auto y = torch::empty({4, 1024});
+  auto s = g.recv(y, 1, 2);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(torch::equal(y, x * 2 + 1));
+  const auto h = torch::randn({3, 5}).to(torch::kBFloat16);  // bf16 [3,5]
+  ASSERT_TRUE(g.send(h, 1, 3).ok());
+  auto h2 = torch::empty({3, 5}, torch::kBFloat16);
+  ASSERT_TRUE(g.recv(h2, 1, 4).ok());
+  EXPECT_TRUE(torch::equal(h2, h));
+  auto sum = torch::full({2}, 1.0f);  // f32 [2]: rank 0 adds 1, rank 1 adds 2
+  ASSERT_TRUE(g.all_reduce_sum(sum).ok());
+  EXPECT_EQ(sum[0].item<float>(), 3.0f);
+  auto b = torch::arange(6, torch::kInt64) * 7;  // i64 [6]
+  ASSERT_TRUE(g.broadcast(b, 0).ok());
+  auto back = torch::empty({6}, torch::kInt64);
+  ASSERT_TRUE(g.recv(back, 1, 5).ok());
+  EXPECT_TRUE(torch::equal(back, torch::arange(6, torch::kInt64) * 7));
+  ASSERT_TRUE(g.barrier().ok());
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)), 0) << w.peers[0]->stderr_text();
+}
+
+TEST(ProcessGroup, FourProcessesPassARingAndReduce) {
+  world_of w("ring", 4, 20000);
+  ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  auto& g = **w.rank0;
+  auto mine = torch::zeros({1000}), theirs = torch::empty({1000});  // f32 [1000]
+  auto sent = g.isend(mine, 1, 7);
+  ASSERT_TRUE(sent.ok()) << sent.message();
+  ASSERT_TRUE(g.recv(theirs, 3, 7).ok());
+  ASSERT_TRUE(sent->wait().ok());
+  EXPECT_TRUE(torch::equal(theirs, torch::full({1000}, 3.0f)));
+  auto sum = torch::full({2}, 1.0f);
+  ASSERT_TRUE(g.all_reduce_sum(sum).ok());
+  EXPECT_EQ(sum[1].item<float>(), 10.0f);  // 1+2+3+4
+  auto b = torch::arange(6, torch::kInt64);
+  ASSERT_TRUE(g.broadcast(b, 0).ok());
+  ASSERT_TRUE(g.barrier().ok());
+  for (auto& p : w.peers) EXPECT_EQ(p->wait(std::chrono::seconds(20)), 0) << p->stderr_text();
+}
+
+TEST(ProcessGroup, ARankWithAnotherProjectIsRefusedOnEveryRank) {
+  world_of w("exchange", 3, 20000, {"same", "same", "other"});
+  ASSERT_FALSE(w.rank0.ok());
+  EXPECT_NE(w.rank0.message().find("rank 2 runs another project than rank 0"), std::string::npos) << w.rank0.message();
+  std::printf("refused: %s\n", w.rank0.message().c_str());
+  EXPECT_EQ(w.peers[1]->wait(std::chrono::seconds(20)), 2);
+  EXPECT_NE(w.peers[1]->stderr_text().find("rank 2 runs another project"), std::string::npos) << w.peers[1]->stderr_text();
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)), 2);  // the matching rank refuses too
+  EXPECT_NE(w.peers[0]->stderr_text().find("rank 2 runs another project"), std::string::npos) << w.peers[0]->stderr_text();
+}
+
+TEST(ProcessGroup, AKilledRankIsNamedWithinTheTimeout) {
+  world_of w("hang", 2, 5000);
+  ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  w.peers[0]->kill();
+  const auto t0 = clk::now();
+  auto y = torch::empty({16});
+  auto s = (*w.rank0)->recv(y, 1, 1);
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("receive from rank 1"), std::string::npos) << s.message();
+  std::printf("killed rank, after %.2f s: %s\n", took, s.message().c_str());
+  EXPECT_LT(took, 5.0 + 5.0) << s.message();  // the timeout, with a wide margin for a loaded machine
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(5)), -SIGKILL);
+}
+
+TEST(ProcessGroup, AHungRankTimesOutNamingIt) {
+  world_of w("hang", 2, 1500);
+  ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  const auto t0 = clk::now();
+  auto y = torch::empty({16});
+  auto s = (*w.rank0)->recv(y, 1, 1);
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("receive from rank 1"), std::string::npos) << s.message();
+  std::printf("hung rank, after %.2f s: %s\n", took, s.message().c_str());
+  EXPECT_GT(took, 1.0);
+  EXPECT_LT(took, 1.5 + 8.0) << s.message();
+}
+
+TEST(ProcessGroup, AMissingRankIsNamedAtTheRendezvous) {
+  rendezvous_options o;
+  o.world = 3;
+  o.timeout = std::chrono::milliseconds(1500);
+  std::unique_ptr<peer> one;
+  o.on_listening = [&](uint16_t port) { one = std::make_unique<peer>("hang", 1, 3, port, "", 1500); };
+  const auto t0 = clk::now();
+  auto g = process_group::join(o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.message().find("rank(s) 2 did not arrive"), std::string::npos) << g.message();
+  EXPECT_LT(std::chrono::duration<double>(clk::now() - t0).count(), 1.5 + 8.0);
+  auto bad = [] {
+    rendezvous_options o;
+    o.rank = 2;
+    o.world = 2;
+    return process_group::join(o);
+  }();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("rank 2 is outside a world of 2"), std::string::npos);
+}
