@@ -2,6 +2,7 @@
 // pipeline_executor.h); the instructions themselves run in pipeline_worker.cpp.
 #include "core/pipeline/pipeline_executor.h"
 
+#include <limits>
 #include <thread>
 
 #include "core/pipeline/pipeline_impl.h"
@@ -38,7 +39,8 @@ status pipeline_executor::impl::check_memory(const std::vector<micro_batch>& mbs
     memory_inputs in;
     in.arenas = weight_plan;
     in.alignment = 1;
-    for (auto* d : devs) in.alignment = std::max(in.alignment, d->arena().alignment());
+    for (auto* d : devs)
+      if (d != nullptr) in.alignment = std::max(in.alignment, d->arena().alignment());
     for (const auto& layer : lora.layers) {
       size_t b = 0;
       for (const auto& pair : layer) b += (pair.a.defined() ? pair.a.numel() + pair.b.numel() : 0) * w.embed.element_size();
@@ -50,9 +52,9 @@ status pipeline_executor::impl::check_memory(const std::vector<micro_batch>& mbs
   }
   std::vector<size_t> capacity;
   std::vector<std::string> names;
-  for (auto* d : devs) {
-    capacity.push_back(d->arena().capacity());
-    names.push_back(d->name());
+  for (size_t i = 0; i < devs.size(); ++i) {  // a device of another process is checked there
+    capacity.push_back(devs[i] != nullptr ? devs[i]->arena().capacity() : std::numeric_limits<size_t>::max());
+    names.push_back(devs[i] != nullptr ? devs[i]->name() : fmt::format("device {} (another process)", i));
   }
   return check_memory_plan(po.memory ? *po.memory : *mplan, capacity, names);
 }
@@ -107,8 +109,46 @@ void pipeline_executor::impl::watch_workers() {
   }
 }
 
+// After the optimizer step, over several processes: a stage's LoRA weights go from the rank that
+// stepped them to every other rank computing with those layers (round-robin runs a stage's forward
+// and backward on different devices). Every rank walks the stages in the same order.
+status pipeline_executor::impl::share_updated_lora() {
+  std::map<int32_t, int> stepped_by;                 // stage -> rank
+  std::map<int32_t, std::set<int>> layer_users;      // layer -> ranks computing with it
+  for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
+    for (const auto& in : prog.devices[d]) {
+      const int r = po.processes.rank_of[static_cast<size_t>(d)];
+      if (in.kind == op::optimizer_step) stepped_by[in.stage] = r;
+      if (in.kind == op::forward || in.kind == op::recompute || in.kind == op::backward)
+        for (int32_t l = prog.stages[in.stage].first_layer; l < prog.stages[in.stage].last_layer; ++l) layer_users[l].insert(r);
+    }
+  torch::NoGradGuard ng;
+  for (const auto& [stage, owner] : stepped_by) {
+    const auto& st = prog.stages[stage];
+    std::vector<at::Tensor> ps;
+    bool elsewhere = false;
+    for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
+      for (int r : layer_users[l]) elsewhere = elsewhere || r != owner;
+      for (const auto& pair : lora.layers[l])
+        if (pair.a.defined()) ps.push_back(pair.a), ps.push_back(pair.b);
+    }
+    if (!elsewhere || ps.empty()) continue;
+    std::vector<at::Tensor> flat;
+    for (const auto& p : ps) flat.push_back(p.detach().reshape(-1));
+    at::Tensor all = torch::cat(flat);  // the stage's LoRA weights, one buffer
+    LP_TRY(po.processes.group->broadcast(all, owner));
+    int64_t off = 0;
+    for (auto& p : ps) {
+      p.detach().copy_(all.slice(0, off, off + p.numel()).view(p.sizes()));
+      off += p.numel();
+    }
+  }
+  return ok_status();
+}
+
 void pipeline_executor::release_weights() {
-  for (auto* d : d_->devs) d->weight_upload().submit(0, [] {}).wait();
+  for (auto* d : d_->devs)
+    if (d != nullptr) d->weight_upload().submit(0, [] {}).wait();
   for (auto& m : d_->on_device) m.clear();
 }
 
@@ -116,11 +156,13 @@ pipeline_executor::~pipeline_executor() {
   if (d_->pending.valid()) d_->pending.wait();
   // Copies still in flight reference this executor (deliveries into its mailbox): every download
   // (which may queue an upload elsewhere), then every upload and weight upload.
-  for (auto* d : d_->devs) d->download().submit(0, [] {}).wait();
-  for (auto* d : d_->devs) {
-    d->upload().submit(0, [] {}).wait();
-    d->weight_upload().submit(0, [] {}).wait();
-  }
+  for (auto* d : d_->devs)
+    if (d != nullptr) d->download().submit(0, [] {}).wait();
+  for (auto* d : d_->devs)
+    if (d != nullptr) {
+      d->upload().submit(0, [] {}).wait();
+      d->weight_upload().submit(0, [] {}).wait();
+    }
 }
 
 result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_batch>& mbs, double lr, double max_grad_norm,
@@ -130,9 +172,20 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     return make_error("pipeline: {} micro-batches given, the program expects {}", mbs.size(), prog_.micro_batches);
   if (s.devs.size() != prog_.devices.size())
     return make_error("pipeline: program for {} devices, {} given", prog_.devices.size(), s.devs.size());
+  const auto& pp = s.po.processes;
+  if (pp.group != nullptr) {
+    if (pp.rank_of.size() != s.devs.size()) return make_error("pipeline: a rank for each of the {} devices is needed", s.devs.size());
+    if (s.po.async_optimizer) return make_error("pipeline: the asynchronous optimizer does not run over several processes");
+    if (!mbs.empty() && mbs[0].last_logits) return make_error("pipeline: forward-only programs run in one process");
+  }
+  for (size_t d = 0; d < s.devs.size(); ++d)
+    if ((s.devs[d] == nullptr) == s.local(static_cast<int32_t>(d)))
+      return make_error("pipeline: device {} is {} but {}", d, s.devs[d] == nullptr ? "missing" : "given",
+                        s.local(static_cast<int32_t>(d)) ? "runs in this process" : "runs in another process");
   LP_TRY(s.check_memory(mbs));
   // The weight arenas of the memory plan, reserved before anything else is allocated.
   for (size_t d = 0; d < s.devs.size(); ++d) {
+    if (s.devs[d] == nullptr) continue;
     try {
       LP_TRY(s.devs[d]->reserve_weight_arena(s.weight_plan[d].bytes));
     } catch (const std::exception& e) {
@@ -151,11 +204,13 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   s.cancelled = false;
   s.error.clear();
   s.norm_done = false;
+  s.norm_ready = false;
   s.grad_norm = 0;
   s.loss_sum = 0;
   s.trace.clear();
   s.last_logits.clear();
   for (auto* d : s.devs) {
+    if (d == nullptr) continue;
     d->arena().reset_peak();
     if (auto* wa = d->weight_arena()) wa->reset_peak();
   }
@@ -163,14 +218,16 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   s.t0 = clock_type::now();
   {
     std::lock_guard lock(s.mu);
-    s.pc.assign(s.devs.size(), 0);
+    s.pc.assign(s.devs.size(), -1);
     s.computes_started.assign(s.devs.size(), 0);
     s.gated.assign(s.devs.size(), {});
-    s.workers_left = static_cast<int32_t>(s.devs.size());
+    s.workers_left = 0;
+    for (int32_t d = 0; d < static_cast<int32_t>(s.devs.size()); ++d)
+      if (s.devs[d] != nullptr) s.pc[d] = 0, ++s.workers_left;
   }
   std::vector<std::thread> threads;
   for (int32_t d = 0; d < static_cast<int32_t>(s.devs.size()); ++d)
-    threads.emplace_back([&, d] {
+    if (s.devs[d] != nullptr) threads.emplace_back([&, d] {
       try {
         s.worker(d, mbs, lr, max_grad_norm, apply_optimizer);
       } catch (const aborted&) {
@@ -189,8 +246,13 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   // step's PREFETCH finds the stage resident (waiting for the upload only if it is still running).
   // Every download first (a host-staged download queues the upload on the receiving device), then
   // every upload.
-  for (auto* d : s.devs) d->download().submit(0, [] {}).wait();
-  for (auto* d : s.devs) d->upload().submit(0, [] {}).wait();
+  for (auto* d : s.devs)
+    if (d != nullptr) d->download().submit(0, [] {}).wait();
+  for (auto* d : s.devs)
+    if (d != nullptr) d->upload().submit(0, [] {}).wait();
+  if (pp.group != nullptr && !s.failed)  // every tensor sent to another rank has arrived there
+    if (auto st = s.finish_process_sends(); !st.ok()) s.fail(st.message());
+  s.process_sends.clear();
   at::set_num_threads(main_threads);
   pipeline_step_result r;
   r.seconds = std::chrono::duration<double>(clock_type::now() - s.t0).count();
@@ -201,12 +263,19 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     s.gated.assign(s.devs.size(), {});  // after a failure: messages whose receiver never got there
   }
   if (s.failed) {
-    for (auto* d : s.devs) d->weight_upload().submit(0, [] {}).wait();
+    for (auto* d : s.devs)
+      if (d != nullptr) d->weight_upload().submit(0, [] {}).wait();
     for (auto& m : s.on_device) m.clear();
     for (auto& p : s.lora.parameters())
       if (p.grad().defined()) p.mutable_grad().zero_();
     if (s.cancelled) return make_error("cancelled");
     return make_error("pipeline step failed: {}", s.error);
+  }
+  if (pp.group != nullptr && apply_optimizer) LP_TRY(s.share_updated_lora());
+  if (pp.group != nullptr) {  // the head's loss, from whichever rank runs it
+    at::Tensor loss = torch::full({1}, s.loss_sum, torch::kDouble);  // f64 [1]
+    LP_TRY(pp.group->all_reduce_sum(loss));
+    s.loss_sum = loss.item<double>();
   }
   r.loss = s.loss_sum / prog_.micro_batches;
   r.grad_norm = s.grad_norm;
@@ -236,6 +305,10 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     });
   }
   for (auto* d : s.devs) {
+    if (d == nullptr) {  // measured in its own process
+      r.peak_bytes.push_back(0), r.weight_arena_bytes.push_back(0), r.weight_arena_peak.push_back(0);
+      continue;
+    }
     r.peak_bytes.push_back(d->arena().peak());
     r.weight_arena_bytes.push_back(d->weight_arena() != nullptr ? d->weight_arena()->capacity() : 0);
     r.weight_arena_peak.push_back(d->weight_arena() != nullptr ? d->weight_arena()->peak() : 0);

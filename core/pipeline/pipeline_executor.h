@@ -24,6 +24,7 @@
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
 #include "offload/device.h"
+#include "offload/process_group.h"
 
 namespace lorapipe {
 
@@ -58,6 +59,17 @@ struct pipeline_step_result {
 };
 
 
+// One pipeline over several processes: each runs the workers of the device positions whose rank is
+// its own (the others are null in the executor's device list). A SEND/RECV between positions of
+// different ranks goes through the process group: downloaded to host memory, sent with a tag naming
+// the message (kind, boundary, micro-batch), received into host memory and uploaded. The gradient
+// clip takes the norm over every rank's stages (an all-reduce) and the step's loss is summed over
+// ranks, so every rank returns the same loss and norm as the one-process run.
+struct process_pipeline {
+  process_group* group = nullptr;  // null: every device is in this process
+  std::vector<int> rank_of;        // per device position
+};
+
 struct pipeline_options {
   // Recompute granularity: false = a stage at a time (RECOMPUTE rebuilds the whole stage's graph);
   // true = a layer at a time (every layer input is checkpointed/offloaded; BACKWARD recomputes and
@@ -82,6 +94,8 @@ struct pipeline_options {
   // The memory plan to check before a step allocates anything (the project's, as `plan` shows it);
   // null: the executor makes one from the micro-batches' shape with FLOP timing.
   std::shared_ptr<const memory_plan> memory;
+  // Several processes (see process_pipeline); not with the async optimizer or forward-only programs.
+  process_pipeline processes;
   // Test hook: called with "pipeline:instruction" before every instruction of every device.
   std::function<void(const char* site)> probe;
 };

@@ -116,7 +116,8 @@ struct pipeline_executor::impl {
   bool failed = false;
   bool cancelled = false;  // the failure was a stop request (cancel_before_update)
   std::string error;
-  bool norm_done = false;
+  bool norm_done = false;   // the clip has begun (the update is under way)
+  bool norm_ready = false;  // grad_norm is known
   double grad_norm = 0, loss_sum = 0;
   std::vector<instr_timing> trace;
   std::map<int32_t, at::Tensor> last_logits;  // micro_batch::last_logits, by micro-batch
@@ -125,18 +126,22 @@ struct pipeline_executor::impl {
   impl(const llama_weights& w_, lora_adapters& l, const program& p, std::vector<compute_device*> d, adamw_config opt,
        pipeline_options o)
       : w(w_), lora(l), prog(p), po(o), opt_cfg(opt), devs(std::move(d)), on_device(devs.size()) {
-    for (const auto& list : prog.devices)
-      for (const auto& in : list) {
+    for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
+      for (const auto& in : prog.devices[d]) {
         if (in.kind == op::recompute) recomputed.insert(in.stage);
         if (in.kind == op::backward) {
-          ++total_backward;
+          if (local(d)) ++total_backward;  // OPTIMIZER_STEP waits for this process's backwards
           backwarded.insert(in.stage);
         }
       }
     checkpoints = checkpoint_boundaries(prog, po.layer_recompute);
-    for (const auto& list : prog.devices)
-      for (const auto& in : list)
-        if (in.kind == op::optimizer_step) {
+    for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
+      for (const auto& in : prog.devices[d])
+        if (in.kind == op::offload_act || in.kind == op::reload_act)
+          for (int32_t b : ckpt_bounds(in.stage)) (in.kind == op::offload_act ? ckpt_offloaded_on : ckpt_reloaded_on)[{b, in.micro}] = d;
+    for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
+      for (const auto& in : prog.devices[d])
+        if (in.kind == op::optimizer_step && local(d)) {
           std::vector<at::Tensor> ps;
           const auto& st = prog.stages[in.stage];
           for (int32_t l = st.first_layer; l < st.last_layer; ++l)
@@ -169,6 +174,28 @@ struct pipeline_executor::impl {
   }
 
   // Compute instructions the worker times (F, B, and R unless layer_recompute makes it a no-op).
+  // Several processes: whether position d runs here, and whether a link crosses processes.
+  bool local(int32_t d) const {
+    const auto& pp = po.processes;
+    return pp.group == nullptr || pp.rank_of.at(static_cast<size_t>(d)) == pp.group->rank();
+  }
+  bool crosses_process(int32_t from, int32_t to) const {
+    const auto& pp = po.processes;
+    return pp.group != nullptr && pp.rank_of.at(static_cast<size_t>(from)) != pp.rank_of.at(static_cast<size_t>(to));
+  }
+  // A message's tag, the same on both ranks: (kind: A activation, G gradient, C checkpoint; boundary;
+  // micro-batch).
+  int process_tag(char kind, int32_t boundary, int32_t m) const {
+    return ((m * (static_cast<int32_t>(prog.stages.size()) + 1) + boundary) * 3) + (kind == 'A' ? 0 : kind == 'G' ? 1 : 2);
+  }
+  // Where each offloaded checkpoint (boundary, micro-batch) is offloaded and reloaded: round-robin
+  // reloads a stage's input on the device that runs its backward, maybe in another process.
+  std::map<std::pair<int32_t, int32_t>, int32_t> ckpt_offloaded_on, ckpt_reloaded_on;
+  std::vector<process_group::pending_send> process_sends;  // this step's sends to other ranks (under mu)
+  status share_updated_lora();
+  status finish_process_sends();
+  double global_clip(double max_norm);
+
   bool timed_compute(const instr& in) const {
     return in.kind == op::forward || in.kind == op::backward || (in.kind == op::recompute && !po.layer_recompute);
   }
@@ -223,7 +250,8 @@ struct pipeline_executor::impl {
     // A device that waits on the GPU for a peer that will never send (a failed worker, a hung link)
     // only returns once the communicators are aborted.
     if (first && uses_nccl)
-      for (auto* d : devs) d->abort_communication();
+      for (auto* d : devs)
+        if (d != nullptr) d->abort_communication();
   }
   // The step driver's wait for the workers, with the watchdog (pipeline_options::watchdog_s).
   void watch_workers();

@@ -369,6 +369,20 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
       fail_on(*to, e);
     }
   };
+  if (crosses_process(c.d, peer)) {  // to host memory on the download engine, then posted to the rank
+    const int rank = po.processes.rank_of[static_cast<size_t>(peer)], tag = process_tag(kind, boundary, m);
+    c.outgoing.push_back(c.dev.download().submit(bytes, [this, t, from, rank, tag] {
+      try {
+        auto sent = po.processes.group->isend(from->copy_out(t.get()), rank, tag);
+        if (!sent.ok()) return fail(sent.message());
+        std::lock_guard lock(mu);
+        process_sends.push_back(std::move(*sent));
+      } catch (const std::exception& e) {
+        fail_on(*from, e);
+      }
+    }));
+    return;
+  }
   const transport_kind link = link_kind(c.d, peer);
   if (link == transport_kind::nccl) {
     c.dev.nccl_send(peer, t.get());
@@ -396,6 +410,15 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
 
 void impl::recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from) {
   const char slot = kind == 'A' ? 'a' : 'g';
+  if (crosses_process(from, c.d)) {  // activations and gradients: [b,T,D] in the compute dtype
+    const auto& tok = c.mbs[m].tokens;
+    at::Tensor host = at::empty({tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.options().device(at::kCPU));
+    if (auto st = po.processes.group->recv(host, po.processes.rank_of[static_cast<size_t>(from)], process_tag(kind, boundary, m)); !st.ok())
+      throw lorapipe_error(fmt::format("{}: {} (waiting for {} of boundary {}, micro-batch {})", c.dev.name(), st.message(),
+                                       kind == 'A' ? "the activation" : "the gradient", boundary, m));
+    keep(c, slot, boundary, m, c.dev.copy_in(host));
+    return;
+  }
   if (link_kind(from, c.d) == transport_kind::nccl) {  // activations and gradients: [b,T,D] in the compute dtype
     const auto& tok = c.mbs[m].tokens;
     keep(c, slot, boundary, m, c.dev.nccl_recv(from, {tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.scalar_type()));
@@ -414,8 +437,22 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
     if (it == c.local.end()) throw lorapipe_error(fmt::format("{}: no checkpoint at layer {} for {}", c.dev.name(), b, instr_to_text(in)));
     async_tensor src = it->second;
     c.local.erase(it);
-    async_tensor dst;
     compute_device* devp = &c.dev;
+    if (auto r = ckpt_reloaded_on.find({b, in.micro}); r != ckpt_reloaded_on.end() && crosses_process(c.d, r->second)) {
+      const int rank = po.processes.rank_of[static_cast<size_t>(r->second)], tag = process_tag('C', b, in.micro);
+      c.outgoing.push_back(c.dev.download().submit(nbytes(src.get()), [this, src, devp, rank, tag] {
+        try {
+          auto sent = po.processes.group->isend(devp->copy_out(src.get()), rank, tag);
+          if (!sent.ok()) return fail(sent.message());
+          std::lock_guard lock(mu);
+          process_sends.push_back(std::move(*sent));
+        } catch (const std::exception& e) {
+          fail_on(*devp, e);
+        }
+      }));
+      continue;
+    }
+    async_tensor dst;
     dst.done = c.dev.download().submit(nbytes(src.get()), [src, devp, v = dst.value] { *v = devp->copy_out(src.get()); });
     c.outgoing.push_back(dst.done);
     std::lock_guard lock(mu);
@@ -427,7 +464,13 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
 void impl::exec_reload(worker_ctx& c, const instr& in) {
   for (int32_t b : ckpt_bounds(in.stage)) {
     async_tensor src;
-    {
+    if (auto o = ckpt_offloaded_on.find({b, in.micro}); o != ckpt_offloaded_on.end() && crosses_process(o->second, c.d)) {
+      const auto& tok = c.mbs[in.micro].tokens;  // a stage input: [b,T,D] in the compute dtype
+      *src.value = at::empty({tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.options().device(at::kCPU));
+      const int rank = po.processes.rank_of[static_cast<size_t>(o->second)];
+      if (auto st = po.processes.group->recv(*src.value, rank, process_tag('C', b, in.micro)); !st.ok())
+        throw lorapipe_error(fmt::format("{}: {} (waiting for the checkpoint at layer {}, micro-batch {})", c.dev.name(), st.message(), b, in.micro));
+    } else {
       std::unique_lock lock(mu);
       const auto key = std::make_pair(b, in.micro);
       wait(lock, [&] { return host.count(key) > 0; });
@@ -443,14 +486,53 @@ void impl::exec_reload(worker_ctx& c, const instr& in) {
   }
 }
 
+// The norm over the stages of every rank: each sums the squares of its own stages' gradients, one
+// all-reduce adds them up; every rank then scales its gradients by the same factor.
+double impl::global_clip(double max_norm) {
+  torch::NoGradGuard ng;
+  std::vector<at::Tensor> grads;
+  for (const auto& [stage, ps] : stage_params)
+    for (const auto& p : ps)
+      if (p.grad().defined()) grads.push_back(p.grad());
+  double local_sq = 0;
+  for (const auto& g : grads) local_sq += g.to(torch::kDouble).pow(2).sum().item<double>();
+  at::Tensor sq = torch::full({1}, local_sq, torch::kDouble);  // f64 [1]
+  if (auto st = po.processes.group->all_reduce_sum(sq); !st.ok()) throw lorapipe_error(st.message());
+  const double norm = std::sqrt(sq.item<double>());
+  if (max_norm > 0 && norm > max_norm && !grads.empty()) at::_foreach_mul_(grads, max_norm / (norm + 1e-6));
+  return norm;
+}
+
+// Waits until every tensor sent to another rank this step has been received there.
+status impl::finish_process_sends() {
+  std::vector<process_group::pending_send> sends;
+  {
+    std::lock_guard lock(mu);
+    sends.swap(process_sends);
+  }
+  for (auto& s : sends) LP_TRY(s.wait());
+  return ok_status();
+}
+
 void impl::exec_optimizer_step(worker_ctx& c, const instr& in) {
   std::unique_lock lock(mu);
   wait(lock, [&] { return backward_left == 0; });
   if (po.async_optimizer) return;  // stepped on master weights after the iteration (one step stale)
   if (!norm_done) {  // global clip over every stage's LoRA gradients, once
-    grad_norm = clip_grad_norm(lora.parameters(), c.apply ? c.max_norm : 0.0);
-    norm_done = true;
+    norm_done = true;  // (no stop request is taken from here on)
+    if (po.processes.group != nullptr) {
+      // Over every rank, without the lock: other workers here may still have gradients to send.
+      lock.unlock();
+      const double n = global_clip(c.apply ? c.max_norm : 0.0);
+      lock.lock();
+      grad_norm = n;
+    } else {
+      grad_norm = clip_grad_norm(lora.parameters(), c.apply ? c.max_norm : 0.0);
+    }
+    norm_ready = true;
+    cv.notify_all();
   }
+  wait(lock, [&] { return norm_ready; });
   lock.unlock();
   if (c.apply) {
     optim.at(in.stage)->step(c.lr);

@@ -5,82 +5,22 @@
 // rank becomes an error naming it within the timeout.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "offload/process_group.h"
+#include "tests/dist/child_process.h"
 
-extern char** environ;
 using namespace lorapipe;
-using clk = std::chrono::steady_clock;
 
 namespace {
 
-// One peer process; stderr goes to a file. The destructor kills and reaps it if still running.
-class peer {
- public:
-  peer(const std::string& mode, int rank, int world, uint16_t port, const std::string& hash, int timeout_ms)
-      : err_(std::filesystem::temp_directory_path() / ("lp_peer_" + std::to_string(::getpid()) + "_" + std::to_string(rank))) {
-    std::vector<std::string> args{LORAPIPE_DIST_PEER, mode, std::to_string(rank), std::to_string(world),
-                                  std::to_string(port), hash, std::to_string(timeout_ms)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~peer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    std::filesystem::remove(err_);
-  }
-  peer(const peer&) = delete;
-  peer& operator=(const peer&) = delete;
-  void kill() const { ::kill(pid_, SIGKILL); }
-  // The exit code, or -signal; -1000 if it had not ended within `limit` (then it is killed).
-  int wait(std::chrono::seconds limit) {
-    const auto end = clk::now() + limit;
-    int st = 0;
-    while (::waitpid(pid_, &st, WNOHANG) == 0) {
-      if (clk::now() > end) return -1000;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    pid_ = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-  }
-  std::string stderr_text() const {
-    std::ifstream f(err_);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  }
-  bool started() const { return pid_ > 0; }
-
- private:
-  std::filesystem::path err_;
-  pid_t pid_ = -1;
-};
-
 struct world_of {
-  std::vector<std::unique_ptr<peer>> peers;
+  std::vector<std::unique_ptr<child_process>> peers;
   result<std::unique_ptr<process_group>> rank0 = make_error("not joined");
   // Rank 0 here; ranks 1..world-1 run `mode` (hashes[r] if given, else "same").
   world_of(const std::string& mode, int world, int timeout_ms, std::vector<std::string> hashes = {}) {
@@ -90,7 +30,9 @@ struct world_of {
     o.timeout = std::chrono::milliseconds(timeout_ms);
     o.on_listening = [&](uint16_t port) {
       for (int r = 1; r < world; ++r)
-        peers.push_back(std::make_unique<peer>(mode, r, world, port, hashes.empty() ? "same" : hashes[static_cast<size_t>(r)], timeout_ms));
+        peers.push_back(std::make_unique<child_process>(
+            std::vector<std::string>{LORAPIPE_DIST_PEER, mode, std::to_string(r), std::to_string(world), std::to_string(port),
+                                     hashes.empty() ? "same" : hashes[static_cast<size_t>(r)], std::to_string(timeout_ms)}));
     };
     rank0 = process_group::join(o);
   }
@@ -191,8 +133,10 @@ TEST(ProcessGroup, AMissingRankIsNamedAtTheRendezvous) {
   rendezvous_options o;
   o.world = 3;
   o.timeout = std::chrono::milliseconds(1500);
-  std::unique_ptr<peer> one;
-  o.on_listening = [&](uint16_t port) { one = std::make_unique<peer>("hang", 1, 3, port, "", 1500); };
+  std::unique_ptr<child_process> one;
+  o.on_listening = [&](uint16_t port) {
+    one = std::make_unique<child_process>(std::vector<std::string>{LORAPIPE_DIST_PEER, "hang", "1", "3", std::to_string(port), "", "1500"});
+  };
   const auto t0 = clk::now();
   auto g = process_group::join(o);
   ASSERT_FALSE(g.ok());
