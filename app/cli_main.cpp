@@ -148,6 +148,12 @@ int main(int argc, char** argv) {
   train->add_option("--threads", ta.threads, "Override run.threads");
   train->add_flag("--json", ta.json, "Print events as JSON lines on stderr");
   train->add_option("--db", ta.db, "Run database (default: run.database, $LORAPIPE_DB or the XDG data dir)");
+  train->add_option("--processes", ta.processes, "Override distributed.processes: run the pipeline's devices in N processes "
+                                                 "(without --rank, the others are started on this machine)");
+  train->add_option("--rank", ta.rank, "This process's rank in a run over several processes (1..N-1 join rank 0; "
+                                       "0 serves the rendezvous and waits for ranks started by hand)");
+  train->add_option("--rendezvous", ta.rendezvous, "Override distributed.rendezvous (host:port of rank 0)");
+  train->add_option("--resume-from", ta.resume_from, "Ranks other than 0: the checkpoint folder rank 0 continues from")->group("");
 
   resume_args ra;
   auto* resume = app.add_subcommand("resume", "Continue an interrupted or crashed run from its newest checkpoint");

@@ -17,6 +17,9 @@ struct train_args {
   std::string output, devices, schedule, transport, db;
   int64_t threads = -1;
   bool json = false;
+  int64_t processes = -1;  // distributed.processes override
+  int rank = -1;           // -1: not given (rank 0, starting the other ranks here)
+  std::string rendezvous, resume_from;
 };
 struct resume_args {
   int64_t run = 0;  // run id in the database (which knows its config and output folder)

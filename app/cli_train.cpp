@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli_printer.h"
+#include "core/base/child_process.h"
+#include "core/base/file_io.h"
 #include "app/cli_runs.h"
 #include "core/engine/model_session.h"
 #include "core/engine/run_queries.h"
@@ -40,10 +42,60 @@ class announcing_printer final : public observer {
   int64_t interval_;
 };
 
-int execute(const run_handle& h, bool as_json, const cancel_token& stop) {
+// The other ranks of a run over several processes, started on this machine once rank 0 listens:
+// `lorapipe-cli train <the run's config> --rank R --rendezvous 127.0.0.1:PORT`, each killed by the
+// kernel if this process dies, and reaped (or killed) here when the run ends.
+class local_ranks {
+ public:
+  local_ranks(const run_handle& h) : h_(h) {}
+  ~local_ranks() {
+    for (auto& k : kids_) (void)k->wait(std::chrono::seconds(10));  // then the destructor kills it
+  }
+  void launch(uint16_t port) {
+    const fs::path out = h_.config.resolve(h_.config.run.output_dir);
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    const fs::path config = out / "rank-project.json";
+    if (auto st = write_file_atomic(config, project_to_json(h_.config)); !st) {
+      std::fputs(fmt::format("error: {}\n", st.message()).c_str(), stderr);
+      return;  // the rendezvous then names the ranks that never came
+    }
+    ::setenv("LORAPIPE_PARENT_PID", std::to_string(::getpid()).c_str(), 1);
+    for (int64_t r = 1; r < h_.config.distributed.processes; ++r) {
+      std::vector<std::string> args{"/proc/self/exe", "train", config.string(), "--rank", std::to_string(r), "--rendezvous",
+                                    fmt::format("127.0.0.1:{}", port)};
+      if (!h_.resume_from.empty()) args.insert(args.end(), {"--resume-from", h_.resume_from.string()});
+      kids_.push_back(std::make_unique<child_process>(args));
+    }
+  }
+
+ private:
+  const run_handle& h_;
+  std::vector<std::unique_ptr<child_process>> kids_;
+};
+
+// A rank other than 0: its warnings and errors on stderr, named; the progress is rank 0's to show.
+class rank_printer final : public observer {
+ public:
+  explicit rank_printer(int rank) : rank_(rank) {}
+  void on_event(const engine_event& e) override {
+    if (const auto* l = std::get_if<log_event>(&e); l != nullptr && l->lvl != log_event::level::info)
+      std::fputs(fmt::format("rank {}: {}\n", rank_, l->message).c_str(), stderr);
+  }
+
+ private:
+  int rank_;
+};
+
+int execute(const run_handle& h, bool as_json, const cancel_token& stop, bool start_ranks = true) {
   announcing_printer printer(as_json, h.config.run.checkpoint_interval);
   execute_options eo;
   eo.probe = kill_probe_from_environment();
+  std::optional<local_ranks> ranks;
+  if (h.config.distributed.processes > 1 && start_ranks) {
+    ranks.emplace(h);
+    eo.launch_ranks = [&](uint16_t port) { ranks->launch(port); };
+  }
   auto r = execute_run(h, printer, stop, eo);
   if (!r) return cli_fail(fmt::format("{} (run {} recorded as failed)", r.message(), h.run_id));
   if (r->status == run_status::stopped) {
@@ -73,9 +125,18 @@ int cmd_train(const train_args& a, const cancel_token& stop) {
   if (!a.schedule.empty()) cfg.parallel.schedule = a.schedule;
   if (!a.transport.empty()) cfg.parallel.transport = a.transport;
   if (a.threads >= 0) cfg.run.threads = a.threads;
+  if (a.processes >= 0) cfg.distributed.processes = a.processes;
+  if (!a.rendezvous.empty()) cfg.distributed.rendezvous = a.rendezvous;
+  if (a.rank > 0) {  // joins rank 0, computes its share, records nothing
+    if (const char* parent = std::getenv("LORAPIPE_PARENT_PID")) die_with_parent(static_cast<pid_t>(std::atoi(parent)));
+    rank_printer printer(static_cast<int>(a.rank));
+    auto r = run_rank(cfg, a.rank, a.resume_from, printer, stop);
+    if (!r) return cli_fail(fmt::format("rank {}: {}", a.rank, r.message()));
+    return 0;
+  }
   auto h = begin_run(cfg, a.project, resolve_database(a.db, &cfg));
   if (!h) return cli_fail(h.message());
-  return execute(*h, a.json, stop);
+  return execute(*h, a.json, stop, /*start_ranks=*/a.rank < 0);
 }
 
 int cmd_resume(const resume_args& a, const cancel_token& stop) {

@@ -251,8 +251,42 @@ TEST(Partition, FieldsAreValidatedByName) {
   EXPECT_EQ(j["parallel"]["partition"], "auto");
   j["parallel"].erase("partition");
   j["parallel"].erase("device_speeds");
+  j.erase("distributed");
   const std::string old_text = j.dump(2) + "\n";
   EXPECT_EQ(h, sha256_hex(old_text.data(), old_text.size()));
+  {  // the distributed section, each rejection naming its field
+    project_config v;  // (no model or data: those errors come along, and are not looked at)
+    v.parallel.devices = "cpu:2";
+    v.parallel.schedule = "1f1b";
+    v.distributed.processes = 2;
+    EXPECT_EQ(validate_project(v).message().find("distributed"), std::string::npos) << validate_project(v).message();
+    auto refused = [&](const project_config& x, const std::string& needle) {
+      const auto st = validate_project(x);
+      EXPECT_FALSE(st.ok()) << needle;
+      if (!st.ok()) EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    };
+    auto x = v;
+    x.distributed.processes = 3;
+    refused(x, "distributed.processes: 3 processes need a pipeline schedule on at least as many devices");
+    x = v, x.distributed.processes = 0;
+    refused(x, "distributed.processes: must be in 1..64");
+    x = v, x.parallel.schedule = "single";
+    refused(x, "distributed.processes: 2 processes need a pipeline schedule");
+    x = v, x.optimizer.asynchronous = true;
+    refused(x, "distributed.processes: cannot be combined with optimizer.asynchronous");
+    for (const char* r : {"nohost", ":29500", "host:", "host:70000", "host:12a"}) {
+      x = v, x.distributed.rendezvous = r;
+      refused(x, "distributed.rendezvous: must be host:port");
+    }
+    x = v, x.distributed.timeout_s = 0;
+    refused(x, "distributed.timeout_s");
+  }
+  // How many processes run it, and where they meet, is not part of what a run computes.
+  project_config spread = d;
+  spread.distributed.processes = 2;
+  spread.distributed.rendezvous = "10.0.0.1:29500";
+  spread.distributed.timeout_s = 30;
+  EXPECT_EQ(config_hash(spread), h);
   d.parallel.partition = "even";  // what runs older than the field trained: their checkpoints still resume
   EXPECT_EQ(config_hash(d), h);
   d.parallel.partition = "4,4";

@@ -19,6 +19,7 @@
 #include "core/runs/run_store.h"
 #include "core/runs/run_summary.h"
 #include "core/train/guard.h"
+#include "offload/process_group.h"
 
 namespace lorapipe {
 namespace fs = std::filesystem;
@@ -176,6 +177,40 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
   });
 }
 
+namespace {
+
+// Membership in the project's process group: rank 0 serves the rendezvous (launching the others
+// once it listens), every rank brings the project's hash.
+result<std::unique_ptr<process_group>> join_processes(const project_config& cfg, int rank, std::function<void(uint16_t)> launch) {
+  const auto& d = cfg.distributed;
+  const auto colon = d.rendezvous.rfind(':');
+  rendezvous_options o;
+  o.host = d.rendezvous.substr(0, colon);
+  o.port = static_cast<uint16_t>(std::stoi(d.rendezvous.substr(colon + 1)));
+  if (rank > 0 && o.port == 0) return make_error("distributed.rendezvous: rank {} needs rank 0's port (host:port)", rank);
+  o.rank = rank;
+  o.world = static_cast<int>(d.processes);
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(d.timeout_s * 1000));
+  o.config_hash = config_hash(cfg);
+  o.on_listening = std::move(launch);
+  return process_group::join(o);
+}
+
+}  // namespace
+
+result<train_summary> run_rank(const project_config& cfg, int rank, const fs::path& resume_from, observer& obs, const cancel_token& cancel) {
+  LP_TRY(validate_project(cfg));
+  if (rank < 1 || rank >= cfg.distributed.processes)
+    return make_error("--rank {}: must be in 1..{} (distributed.processes {})", rank, cfg.distributed.processes - 1, cfg.distributed.processes);
+  LP_TRY_ASSIGN(group, join_processes(cfg, rank, {}));
+  train_options to;
+  to.cancel = &cancel;
+  to.resume_from = resume_from;
+  to.config_hash = config_hash(cfg);
+  to.group = group.get();
+  return run_training(cfg, obs, to);
+}
+
 result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts) {
   if (h.already_completed) return run_outcome{run_status::completed, {}};  // nothing to do, nothing to change
   std::string failure;
@@ -196,7 +231,15 @@ result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel
     to.run.output_dir = h.config.resolve(h.config.run.output_dir).string();
     to.run.checkpoint_dir = h.checkpoint_root.string();
     to.run.database = store.db().path().string();
-    auto r = run_training(h.config, tee, to);
+    std::unique_ptr<process_group> group;
+    result<train_summary> r = make_error("not run");
+    if (h.config.distributed.processes > 1) {
+      auto joined = join_processes(h.config, 0, opts.launch_ranks);
+      if (joined) group = std::move(*joined);
+      else r = joined.err();
+      to.group = group.get();
+    }
+    if (h.config.distributed.processes <= 1 || group) r = run_training(h.config, tee, to);
     if (!r) recorder->on_event(log_event{log_event::level::error, r.message()});
     const std::string db_err = recorder->finish();
     recorder.reset();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -49,10 +50,21 @@ struct execute_options {
   probe_fn probe;  // test hook (kill tests): checkpoint writes, database commits, pipeline instructions
   // A loaded model to share with the run when it is the project's (see model_session::weights_for).
   const model_session* model = nullptr;
+  // distributed.processes > 1: called by rank 0 (this process) once the rendezvous serves, with its
+  // port, to start the other ranks (the CLI starts them on this machine with run_rank); empty when
+  // they are started by hand (lorapipe-cli train --rank R on each host).
+  std::function<void(uint16_t port)> launch_ranks;
 };
 
 // Trains the run; a failure comes back as an error value after the run is recorded as failed.
 result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts = {});
+
+// A rank other than 0 of a run over several processes (distributed.processes > 1): joins rank 0's
+// rendezvous (distributed.rendezvous, which must name the port) with the project's hash, computes its
+// share of every step, and writes nothing (rank 0 records the run and writes the checkpoints and the
+// adapter). resume_from: the checkpoint rank 0 continues from (empty: from the start).
+result<train_summary> run_rank(const project_config& cfg, int rank, const std::filesystem::path& resume_from, observer& obs,
+                               const cancel_token& cancel);
 
 // LORAPIPE_KILL_AT=<site>:<n> (kill tests): the process SIGKILLs itself the n-th time it reaches
 // <site> (checkpoint:file, checkpoint:manifest, checkpoint:rename, db:commit, pipeline:instruction).

@@ -146,6 +146,38 @@ status pipeline_executor::impl::share_updated_lora() {
   return ok_status();
 }
 
+// Every stage's LoRA weights and AdamW state from the rank that steps it to all ranks (each walks
+// the stages in the same order): afterwards any rank can validate, sample or checkpoint the run.
+status pipeline_executor::impl::gather_state() {
+  torch::NoGradGuard ng;
+  for (auto& [stage, o] : optim) {
+    int owner = -1;
+    for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
+      for (const auto& in : prog.devices[d])
+        if (in.kind == op::optimizer_step && in.stage == stage) owner = po.processes.rank_of[static_cast<size_t>(d)];
+    std::vector<at::Tensor> parts;
+    for (auto* v : {&stage_params[stage], &o->exp_avg(), &o->exp_avg_sq()})
+      for (const auto& t : *v) parts.push_back(t.detach().reshape(-1).to(torch::kDouble));
+    parts.push_back(torch::full({1}, static_cast<double>(o->steps_taken()), torch::kDouble));
+    at::Tensor all = torch::cat(parts);  // f64: weights, moments, step count
+    LP_TRY(po.processes.group->broadcast(all, owner));
+    if (owner == po.processes.group->rank()) continue;
+    int64_t off = 0;
+    for (auto* v : {&stage_params[stage], &o->exp_avg(), &o->exp_avg_sq()})
+      for (auto& t : *v) {
+        t.detach().copy_(all.slice(0, off, off + t.numel()).view(t.sizes()));
+        off += t.numel();
+      }
+    o->set_steps_taken(static_cast<int64_t>(all[off].item<double>()));
+  }
+  return ok_status();
+}
+
+status pipeline_executor::gather_state() {
+  if (d_->po.processes.group == nullptr) return ok_status();
+  return d_->gather_state();
+}
+
 void pipeline_executor::release_weights() {
   for (auto* d : d_->devs)
     if (d != nullptr) d->weight_upload().submit(0, [] {}).wait();

@@ -130,6 +130,9 @@ class pipeline_executor {
   // Async optimizer: after LoRA weights were loaded into the parameters (resume), the master copy
   // the background step updates takes them over. No-op otherwise.
   void resync_master();
+  // Several processes: every stage's LoRA weights and AdamW state to every rank (a collective: all
+  // ranks call it at the same point), so that any of them holds the whole run. No-op in one process.
+  status gather_state();
   // Waits for weight uploads and drops every stage's weights kept resident between steps, emptying
   // the weight arenas: another executor (evaluation) can then use the same devices.
   void release_weights();

@@ -91,6 +91,7 @@ struct pipeline_executor::impl {
   std::vector<compute_device*> devs;
   std::map<int32_t, std::unique_ptr<adamw>> optim;           // per stage that steps
   std::map<int32_t, std::vector<at::Tensor>> stage_params;   // LoRA parameters per stepping stage
+  std::set<int32_t> local_stages;                            // stepping stages of this process
   std::set<int32_t> recomputed;                              // stages with a RECOMPUTE instruction
   std::set<int32_t> backwarded;                              // stages with a BACKWARD instruction
   std::map<int32_t, std::set<int32_t>> checkpoints;          // forward stage -> boundaries it saves
@@ -139,9 +140,12 @@ struct pipeline_executor::impl {
       for (const auto& in : prog.devices[d])
         if (in.kind == op::offload_act || in.kind == op::reload_act)
           for (int32_t b : ckpt_bounds(in.stage)) (in.kind == op::offload_act ? ckpt_offloaded_on : ckpt_reloaded_on)[{b, in.micro}] = d;
+    // Every stepping stage has its AdamW here, also a stage another process steps: its state comes
+    // over by gather_state, so that this process can checkpoint or continue the whole run.
     for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
       for (const auto& in : prog.devices[d])
-        if (in.kind == op::optimizer_step && local(d)) {
+        if (in.kind == op::optimizer_step) {
+          if (local(d)) local_stages.insert(in.stage);
           std::vector<at::Tensor> ps;
           const auto& st = prog.stages[in.stage];
           for (int32_t l = st.first_layer; l < st.last_layer; ++l)
@@ -183,16 +187,17 @@ struct pipeline_executor::impl {
     const auto& pp = po.processes;
     return pp.group != nullptr && pp.rank_of.at(static_cast<size_t>(from)) != pp.rank_of.at(static_cast<size_t>(to));
   }
-  // A message's tag, the same on both ranks: (kind: A activation, G gradient, C checkpoint; boundary;
-  // micro-batch).
+  // A message's tag, the same on both ranks: (kind: A activation, G gradient, C checkpoint; boundary:
+  // a layer index, 0..num_layers; micro-batch).
   int process_tag(char kind, int32_t boundary, int32_t m) const {
-    return ((m * (static_cast<int32_t>(prog.stages.size()) + 1) + boundary) * 3) + (kind == 'A' ? 0 : kind == 'G' ? 1 : 2);
+    return ((m * (static_cast<int32_t>(w.cfg.num_layers) + 1) + boundary) * 3) + (kind == 'A' ? 0 : kind == 'G' ? 1 : 2);
   }
   // Where each offloaded checkpoint (boundary, micro-batch) is offloaded and reloaded: round-robin
   // reloads a stage's input on the device that runs its backward, maybe in another process.
   std::map<std::pair<int32_t, int32_t>, int32_t> ckpt_offloaded_on, ckpt_reloaded_on;
   std::vector<process_group::pending_send> process_sends;  // this step's sends to other ranks (under mu)
   status share_updated_lora();
+  status gather_state();
   status finish_process_sends();
   double global_clip(double max_norm);
 

@@ -439,6 +439,7 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
     c.local.erase(it);
     compute_device* devp = &c.dev;
     if (auto r = ckpt_reloaded_on.find({b, in.micro}); r != ckpt_reloaded_on.end() && crosses_process(c.d, r->second)) {
+      if (b == 0) continue;  // the token ids: the other rank has the micro-batch too
       const int rank = po.processes.rank_of[static_cast<size_t>(r->second)], tag = process_tag('C', b, in.micro);
       c.outgoing.push_back(c.dev.download().submit(nbytes(src.get()), [this, src, devp, rank, tag] {
         try {
@@ -464,8 +465,12 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
 void impl::exec_reload(worker_ctx& c, const instr& in) {
   for (int32_t b : ckpt_bounds(in.stage)) {
     async_tensor src;
-    if (auto o = ckpt_offloaded_on.find({b, in.micro}); o != ckpt_offloaded_on.end() && crosses_process(o->second, c.d)) {
-      const auto& tok = c.mbs[in.micro].tokens;  // a stage input: [b,T,D] in the compute dtype
+    const auto o = ckpt_offloaded_on.find({b, in.micro});
+    const bool remote = o != ckpt_offloaded_on.end() && crosses_process(o->second, c.d);
+    if (remote && b == 0) {
+      *src.value = c.mbs[in.micro].tokens;  // layer 0's input is the token ids, which this rank has
+    } else if (remote) {
+      const auto& tok = c.mbs[in.micro].tokens;  // a layer input: [b,T,D] in the compute dtype
       *src.value = at::empty({tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.options().device(at::kCPU));
       const int rank = po.processes.rank_of[static_cast<size_t>(o->second)];
       if (auto st = po.processes.group->recv(*src.value, rank, process_tag('C', b, in.micro)); !st.ok())
@@ -492,8 +497,9 @@ double impl::global_clip(double max_norm) {
   torch::NoGradGuard ng;
   std::vector<at::Tensor> grads;
   for (const auto& [stage, ps] : stage_params)
-    for (const auto& p : ps)
-      if (p.grad().defined()) grads.push_back(p.grad());
+    if (local_stages.count(stage) > 0)
+      for (const auto& p : ps)
+        if (p.grad().defined()) grads.push_back(p.grad());
   double local_sq = 0;
   for (const auto& g : grads) local_sq += g.to(torch::kDouble).pow(2).sum().item<double>();
   at::Tensor sq = torch::full({1}, local_sq, torch::kDouble);  // f64 [1]

@@ -239,6 +239,22 @@ status validate_project(const project_config& c) {
   need(c.offload.device_memory_mb >= 0, "offload.device_memory_mb", "must be non-negative");
   need(c.offload.pinned_memory_gb >= 0, "offload.pinned_memory_gb", "must be non-negative");
   need(c.offload.copy_gbps >= 0, "offload.copy_gbps", "must be non-negative");
+  need(c.distributed.processes >= 1 && c.distributed.processes <= 64, "distributed.processes", "must be in 1..64");
+  if (c.distributed.processes > 1) {
+    need(pipelined && c.distributed.processes <= device_count(c.parallel.devices), "distributed.processes",
+         fmt::format("{} processes need a pipeline schedule on at least as many devices (parallel.devices {})", c.distributed.processes,
+                     c.parallel.devices));
+    need(!c.optimizer.asynchronous, "distributed.processes", "cannot be combined with optimizer.asynchronous");
+    need(c.parallel.transport != "nccl", "distributed.processes", "cannot be combined with parallel.transport nccl yet");
+  }
+  {
+    const auto colon = c.distributed.rendezvous.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : c.distributed.rendezvous.substr(colon + 1);
+    need(colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
+             std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) && std::stoi(port) <= 65535,
+         "distributed.rendezvous", "must be host:port (port 0..65535)");
+  }
+  need(c.distributed.timeout_s > 0 && c.distributed.timeout_s <= 86400, "distributed.timeout_s", "must be in (0, 86400]");
   need(c.run.steps >= 0, "run.steps", "must be non-negative");
   need(c.run.epochs >= 0 && c.run.epochs <= 1e6, "run.epochs", "must be between 0 and 1e6");
   need(c.run.batch_size >= 1, "run.batch_size", "must be at least 1");
@@ -408,6 +424,9 @@ std::string config_hash(const project_config& cfg) {
   // does not matter (one device) or where runs older than the field trained the even partition.
   if (c.parallel.partition == "auto" || c.parallel.partition == "even") j["parallel"].erase("partition");
   if (c.parallel.device_speeds.empty()) j["parallel"].erase("device_speeds");
+  // How many processes run the pipeline, and where they meet, does not change what it computes (a
+  // run resumes with another process count; every rank of one run brings the same hash).
+  j.erase("distributed");
   const std::string text = j.dump(2) + "\n";
   return sha256_hex(text.data(), text.size());
 }

@@ -79,6 +79,11 @@ struct project_config {
     double pinned_memory_gb = 0;
   } offload;
   struct {
+    int64_t processes = 1;                    // ranks of one pipeline (device positions split in blocks)
+    std::string rendezvous = "127.0.0.1:0";   // host:port where rank 0 serves the rendezvous
+    double timeout_s = 300;                   // every communication call and the rendezvous
+  } distributed;
+  struct {
     int64_t seed = 1234;
     int64_t steps = 200;
     double epochs = 0;
@@ -156,6 +161,13 @@ void visit_fields(C& c, F&& f) {
   f("offload.device_memory_mb", c.offload.device_memory_mb, "Memory capacity of each CPU virtual device in MiB (0 = unlimited).");
   f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
   f("offload.pinned_memory_gb", c.offload.pinned_memory_gb, "CUDA: host RAM in GB that streamed weights may page-lock (0 = half of RAM); weights beyond it go through a pinned bounce buffer.");
+  f("distributed.processes", c.distributed.processes,
+    "Processes that run the pipeline's devices (1 = all in this one); the device positions are split into contiguous blocks, "
+    "one per process. Without --rank, lorapipe-cli train starts the other processes on this machine.");
+  f("distributed.rendezvous", c.distributed.rendezvous,
+    "host:port where process 0 serves the rendezvous (c10d TCPStore); port 0 picks a free one for processes started here.");
+  f("distributed.timeout_s", c.distributed.timeout_s,
+    "Seconds any process waits for another (rendezvous, activations, gradients, the gradient norm) before the run fails naming it.");
   f("run.seed", c.run.seed, "Seed for LoRA init, data order and dropout.");
   f("run.steps", c.run.steps, "Optimizer steps.");
   f("run.epochs", c.run.epochs, "Passes over the training data; when > 0 it sets the step count (ceil(epochs x sequences / (batch_size x grad_accum))) instead of run.steps.");
@@ -185,7 +197,8 @@ std::string project_to_json(const project_config& c);
 // The same config with every path made absolute (a run's config snapshot works from anywhere).
 project_config with_absolute_paths(const project_config& c);
 // Hex sha256 of the config snapshot that defines a run's results (paths absolute, the output and
-// database locations excluded): two runs with the same hash compute the same thing.
+// database locations and the distributed section excluded): two runs with the same hash compute the
+// same thing.
 std::string config_hash(const project_config& cfg);
 // Number of devices in a parallel.devices spec ("cpu", "cpu:N", "cuda:I,J,..."); 0 when malformed.
 int64_t device_count(const std::string& spec);

@@ -104,13 +104,20 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
     obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
   const auto stage_bytes = stage_weight_bytes(*prog, w.cfg, static_cast<size_t>(w.embed.element_size()));
   const program kept = *prog;
+  // Several processes: the executor gets this rank's device positions only (its evaluator none:
+  // validation and samples then run on the host weights, on every rank alike).
+  std::vector<compute_device*> here = raw;
+  if (po.processes.group != nullptr)
+    for (size_t d = 0; d < here.size(); ++d)
+      if (po.processes.rank_of.at(d) != po.processes.group->rank()) here[d] = nullptr;
   rig.executor = std::make_unique<pipeline_executor>(
-      w, lora, std::move(*prog), raw,
+      w, lora, std::move(*prog), here,
       adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay}, po);
   pipeline_options eval_po;
   eval_po.transports = links;
   eval_po.watchdog_s = po.watchdog_s;
-  rig.evaluator = std::make_unique<pipeline_executor>(w, lora, forward_only(kept), raw, adamw_config{}, eval_po);
+  if (po.processes.group == nullptr)
+    rig.evaluator = std::make_unique<pipeline_executor>(w, lora, forward_only(kept), raw, adamw_config{}, eval_po);
   rig.bubble_ratio = check.bubble_ratio;
   rig.plan = describe_plan(kept, raw, rig.executor->weight_plan(), stage_bytes, links, check);
   std::string arenas;

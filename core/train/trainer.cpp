@@ -20,6 +20,7 @@
 #include "core/train/pipeline_setup.h"
 #include "core/train/train_state.h"
 #include "core/train/guard.h"
+#include "offload/process_group.h"
 
 namespace lorapipe {
 namespace fs = std::filesystem;
@@ -49,7 +50,7 @@ class trainer {
     std::error_code ec;
     fs::create_directories(out_dir_, ec);
     if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message());
-    LP_TRY(write_file_atomic(out_dir_ / "project.json", project_to_json(cfg_)));
+    if (rank() == 0) LP_TRY(write_file_atomic(out_dir_ / "project.json", project_to_json(cfg_)));
     auto loaded = load_project_inputs(cfg_, obs_, cancel_, opts_.preloaded);
     if (!loaded && is_cancelled(loaded.err())) return stopped_before_training();
     if (!loaded) return loaded.err();
@@ -76,6 +77,14 @@ class trainer {
   }
 
  private:
+  int rank() const { return opts_.group != nullptr ? opts_.group->rank() : 0; }
+  // Several processes: every stage's LoRA weights and AdamW state onto every rank (all call it at the
+  // same points of the loop: before validating, sampling, checkpointing and saving).
+  void gather() {
+    if (opts_.group == nullptr || !rig_.executor) return;
+    if (auto st = rig_.executor->gather_state(); !st.ok()) throw lorapipe_error(st.message());
+  }
+
   status setup_lora() {
     auto& w = in_->weights;
     lora_config lc;
@@ -144,6 +153,11 @@ class trainer {
     pipeline_options po;
     po.cancel = cancel_;
     po.probe = opts_.probe;
+    if (opts_.group != nullptr) {  // contiguous blocks of device positions, one per rank
+      const int64_t n = device_count(cfg_.parallel.devices), world = opts_.group->world();
+      for (int64_t d = 0; d < n; ++d) po.processes.rank_of.push_back(static_cast<int>(d * world / n));
+      po.processes.group = opts_.group;
+    }
     LP_TRY_ASSIGN(rig, build_pipeline(cfg_, in_->weights, lora_, obs_, po));
     rig_ = std::move(rig);
     return ok_status();
@@ -193,6 +207,7 @@ class trainer {
 
   // The before/after sample: greedy, on the pipeline devices when training runs there.
   std::string sample(int64_t at, const cancel_token* cancel) {
+    gather();
     if (!rig_.evaluator) return sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, at, cancel);
     pipeline_validation scope(rig_);
     return sample_text(*in_->tok, cfg_, obs_, at, cancel, [&](const std::vector<int32_t>& prompt, const sampling_options& so) {
@@ -203,6 +218,7 @@ class trainer {
 
   // Validation at `at`; a stop during it leaves eval_pending set for the checkpoint.
   double validate(int64_t at) {
+    gather();
     eval_pending_ = true;
     // On the pipeline devices when training runs there (the same program's forward half); on the host
     // weights otherwise.
@@ -324,7 +340,12 @@ class trainer {
 
   // Seals the state after `at` steps: the run database first gets everything reported so far.
   status write_checkpoint(int64_t at) {
-    if (opts_.checkpoint_root.empty() || (at == checkpointed_step_ && !eval_pending_)) return ok_status();
+    if (at == checkpointed_step_ && !eval_pending_) return ok_status();
+    gather();
+    if (opts_.checkpoint_root.empty() || rank() != 0) {  // (the ranks keep the same bookkeeping)
+      checkpointed_step_ = at;
+      return ok_status();
+    }
     obs_.on_event(phase_event{phase::checkpointing, 0, 0, at, opts_.checkpoint_root.string()});
     auto groups = optimizer_groups();
     if (auto e = obs_.sync(); !e.empty()) return make_error("run database: {}", e);
@@ -375,6 +396,12 @@ class trainer {
     sum_.steps = step_;
     sum_.mean_tokens_per_s = mean_tokens_per_s();
     sum_.adapter_dir = (out_dir_ / "adapter").string();
+    gather();
+    if (rank() != 0) {  // rank 0 writes the adapter and the summary
+      obs_.on_event(run_finished_event{sum_.steps, sum_.first_val_loss, sum_.final_val_loss, sum_.mean_tokens_per_s, sum_.adapter_dir,
+                                       sum_.stopped, sum_.stopped ? "stopped" : "completed", {}});
+      return sum_;
+    }
     obs_.on_event(phase_event{phase::saving_adapter, 0, 0, step_, sum_.adapter_dir});
     LP_TRY(save_peft_adapter(lora_, out_dir_ / "adapter"));
     if (cfg_.run.save_merged) {

@@ -14,6 +14,7 @@
 
 namespace lorapipe {
 struct llama_weights;
+class process_group;
 }
 
 namespace lorapipe {
@@ -41,6 +42,10 @@ struct train_options {
   run_started_event run;              // run id, paths, database (the run session fills them in)
   // Frozen weights already loaded for this model.path and model.dtype (shared, not copied); null = load.
   const llama_weights* preloaded = nullptr;
+  // Several processes (distributed.processes > 1): this process's membership. Every rank runs the same
+  // loop in step; the device positions are split in contiguous blocks; rank 0 alone writes the
+  // output folder, checkpoints and adapter (after gathering every stage's state), the others only compute.
+  process_group* group = nullptr;
 };
 
 // Runs (or, with resume_from, continues) the training a project describes. A resumed run reproduces

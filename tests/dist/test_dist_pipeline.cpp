@@ -7,11 +7,12 @@
 
 #include <torch/torch.h>
 
-#include "tests/dist/child_process.h"
+#include "core/base/child_process.h"
 #include "tests/dist/pipeline_case.h"
 #include "tests/test_paths.h"
 
 using namespace lorapipe;
+using clk = std::chrono::steady_clock;
 
 namespace {
 
@@ -36,7 +37,7 @@ multi_run run_ranks(const std::string& schedule, int devices, int world, int ste
                                     std::to_string(steps), std::to_string(r), std::to_string(world), std::to_string(port),
                                     std::to_string(timeout_ms), out_file(r)};
       if (peer_dies_before >= 0 && r == world - 1) args.push_back(std::to_string(peer_dies_before));
-      m.peers.push_back(std::make_unique<child_process>(args));
+      m.peers.push_back(std::make_unique<child_process>(args, out_file(r) + ".err"));
     }
   };
   auto g = process_group::join(o);
@@ -81,7 +82,7 @@ void expect_same_as_one_process(const std::string& schedule, int devices, int wo
   take(0, m.rank0->losses, m.rank0->norms, m.rank0->layers, m.rank0->lora);
   for (int r = 1; r < world; ++r) {
     auto& p = *m.peers[static_cast<size_t>(r - 1)];
-    ASSERT_EQ(p.wait(std::chrono::seconds(60)), 0) << p.stderr_text();
+    ASSERT_EQ(p.wait(std::chrono::seconds(60)).value_or(-1000), 0) << p.stderr_text();
     std::vector<at::Tensor> saved;
     torch::load(saved, out_file(r));
     std::filesystem::remove(out_file(r));
@@ -118,5 +119,5 @@ TEST(DistPipeline, ARankKilledMidRunFailsTheStepNamingIt) {
   EXPECT_NE(m.rank0.message().find("rank 1"), std::string::npos) << m.rank0.message();
   std::printf("rank 1 killed before step 1: rank 0 after %.2f s: %s\n", took, m.rank0.message().c_str());
   EXPECT_LT(took, 5.0 + 15.0);
-  EXPECT_EQ(m.peers[0]->wait(std::chrono::seconds(10)), -SIGKILL);
+  EXPECT_EQ(m.peers[0]->wait(std::chrono::seconds(10)).value_or(-1000), -SIGKILL);
 }

@@ -6,18 +6,26 @@
 #include <gtest/gtest.h>
 
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "offload/process_group.h"
-#include "tests/dist/child_process.h"
+#include "core/base/child_process.h"
 
 using namespace lorapipe;
+using clk = std::chrono::steady_clock;
 
 namespace {
+
+std::filesystem::path err_file(int rank) {
+  return std::filesystem::temp_directory_path() / ("lp_peer_" + std::to_string(::getpid()) + "_" + std::to_string(rank));
+}
 
 struct world_of {
   std::vector<std::unique_ptr<child_process>> peers;
@@ -32,7 +40,8 @@ struct world_of {
       for (int r = 1; r < world; ++r)
         peers.push_back(std::make_unique<child_process>(
             std::vector<std::string>{LORAPIPE_DIST_PEER, mode, std::to_string(r), std::to_string(world), std::to_string(port),
-                                     hashes.empty() ? "same" : hashes[static_cast<size_t>(r)], std::to_string(timeout_ms)}));
+                                     hashes.empty() ? "same" : hashes[static_cast<size_t>(r)], std::to_string(timeout_ms)},
+            err_file(r)));
     };
     rank0 = process_group::join(o);
   }
@@ -67,7 +76,7 @@ TEST(ProcessGroup, TwoProcessesMoveTensorsExactlyAndReduce) {
   ASSERT_TRUE(g.recv(back, 1, 5).ok());
   EXPECT_TRUE(torch::equal(back, torch::arange(6, torch::kInt64) * 7));
   ASSERT_TRUE(g.barrier().ok());
-  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)), 0) << w.peers[0]->stderr_text();
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)).value_or(-1000), 0) << w.peers[0]->stderr_text();
 }
 
 TEST(ProcessGroup, FourProcessesPassARingAndReduce) {
@@ -86,7 +95,7 @@ TEST(ProcessGroup, FourProcessesPassARingAndReduce) {
   auto b = torch::arange(6, torch::kInt64);
   ASSERT_TRUE(g.broadcast(b, 0).ok());
   ASSERT_TRUE(g.barrier().ok());
-  for (auto& p : w.peers) EXPECT_EQ(p->wait(std::chrono::seconds(20)), 0) << p->stderr_text();
+  for (auto& p : w.peers) EXPECT_EQ(p->wait(std::chrono::seconds(20)).value_or(-1000), 0) << p->stderr_text();
 }
 
 TEST(ProcessGroup, ARankWithAnotherProjectIsRefusedOnEveryRank) {
@@ -94,9 +103,9 @@ TEST(ProcessGroup, ARankWithAnotherProjectIsRefusedOnEveryRank) {
   ASSERT_FALSE(w.rank0.ok());
   EXPECT_NE(w.rank0.message().find("rank 2 runs another project than rank 0"), std::string::npos) << w.rank0.message();
   std::printf("refused: %s\n", w.rank0.message().c_str());
-  EXPECT_EQ(w.peers[1]->wait(std::chrono::seconds(20)), 2);
+  EXPECT_EQ(w.peers[1]->wait(std::chrono::seconds(20)).value_or(-1000), 2);
   EXPECT_NE(w.peers[1]->stderr_text().find("rank 2 runs another project"), std::string::npos) << w.peers[1]->stderr_text();
-  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)), 2);  // the matching rank refuses too
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)).value_or(-1000), 2);  // the matching rank refuses too
   EXPECT_NE(w.peers[0]->stderr_text().find("rank 2 runs another project"), std::string::npos) << w.peers[0]->stderr_text();
 }
 
@@ -112,7 +121,7 @@ TEST(ProcessGroup, AKilledRankIsNamedWithinTheTimeout) {
   EXPECT_NE(s.message().find("receive from rank 1"), std::string::npos) << s.message();
   std::printf("killed rank, after %.2f s: %s\n", took, s.message().c_str());
   EXPECT_LT(took, 5.0 + 5.0) << s.message();  // the timeout, with a wide margin for a loaded machine
-  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(5)), -SIGKILL);
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(5)).value_or(-1000), -SIGKILL);
 }
 
 TEST(ProcessGroup, AHungRankTimesOutNamingIt) {
@@ -135,7 +144,8 @@ TEST(ProcessGroup, AMissingRankIsNamedAtTheRendezvous) {
   o.timeout = std::chrono::milliseconds(1500);
   std::unique_ptr<child_process> one;
   o.on_listening = [&](uint16_t port) {
-    one = std::make_unique<child_process>(std::vector<std::string>{LORAPIPE_DIST_PEER, "hang", "1", "3", std::to_string(port), "", "1500"});
+    one = std::make_unique<child_process>(std::vector<std::string>{LORAPIPE_DIST_PEER, "hang", "1", "3", std::to_string(port), "", "1500"},
+                                          err_file(1));
   };
   const auto t0 = clk::now();
   auto g = process_group::join(o);

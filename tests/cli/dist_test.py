@@ -1,0 +1,192 @@
+"""lorapipe-cli train over several processes (c10d Gloo on 127.0.0.1) against one process.
+
+- `--processes 2` (1F1B on cpu:2) and `--processes 4` (round-robin on cpu:4): the loss of every step
+  and the saved adapter equal the one-process run of the same project.
+- A rank SIGKILLed mid-run: rank 0 exits within the timeout with an error naming the rank, the run is
+  recorded as failed, no process of the run is left, and `resume` continues it from its last
+  checkpoint to the very adapter of the uninterrupted run.
+- Ranks started by hand (`--rank`, `--rendezvous`) with different projects are refused on both sides.
+- distributed.processes beyond the device count is refused naming the field.
+Every command runs under a timeout; every process this test starts is killed at its end.
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+from safetensors.torch import load_file
+
+RESULTS = []
+STARTED = []
+
+
+def check(name, ok, detail=""):
+    RESULTS.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}{(': ' + detail) if detail and not ok else ''}", flush=True)
+
+
+def run(cli, *args, env, timeout=300):
+    p = subprocess.run([cli, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stderr
+
+
+def steps_of(stderr):
+    return [json.loads(l)["loss"] for l in stderr.splitlines() if l.startswith('{"event":"step"')]
+
+
+def adapter(out):
+    return load_file(os.path.join(out, "adapter", "adapter_model.safetensors"))
+
+
+def max_rel(a, b):
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() for k in b)
+
+
+def rank_processes(marker):
+    p = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    return [int(x) for x in p.stdout.split()]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def project(tmp, data, name, devices, schedule, extra=None):
+    p = {"schema_version": 2, "name": name,
+         "model": {"path": os.path.join(data, "models/stories260K/hf"), "dtype": "float32"},
+         "data": {"train": os.path.join(data, "text/tinyshakespeare.txt"), "seq_len": 64, "val_fraction": 0.05},
+         "lora": {"r": 4, "alpha": 8, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+         "optimizer": {"lr": 0.003, "warmup_steps": 2, "grad_clip": 1.0},
+         "parallel": {"devices": devices, "schedule": schedule, "micro_batches": 4},
+         "distributed": {"timeout_s": 20},
+         "run": {"steps": 12, "batch_size": 8, "eval_interval": 0, "eval_batches": 4, "sample_tokens": 0, "checkpoint_interval": 4,
+                 "threads": 1}}
+    for k, v in (extra or {}).items():
+        p[k].update(v)
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(p, f, indent=1)
+    return path
+
+
+def same_as_one_process(cli, env, tmp, data, devices, schedule, processes):
+    label = f"{processes} processes, {schedule} on {devices}"
+    proj = project(tmp, data, f"p{processes}-{schedule}", devices, schedule)
+    rc1, err1 = run(cli, "train", proj, "--output", os.path.join(tmp, f"one-{processes}"), "--json", env=env)
+    rcn, errn = run(cli, "train", proj, "--output", os.path.join(tmp, f"many-{processes}"), "--processes", str(processes), "--json", env=env)
+    check(f"{label}: both runs complete", rc1 == 0 and rcn == 0, f"rc {rc1}/{rcn}: {err1[-300:]} {errn[-600:]}")
+    if rc1 != 0 or rcn != 0:
+        return
+    a, b = steps_of(err1), steps_of(errn)
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
+    check(f"{label}: the loss of every step equals one process's (worst {worst:.1e})", len(a) == 12 and worst < 1e-6, f"{a} vs {b}")
+    rel = max_rel(adapter(os.path.join(tmp, f"many-{processes}")), adapter(os.path.join(tmp, f"one-{processes}")))
+    check(f"{label}: the adapter equals one process's (max rel {rel:.1e})", rel < 1e-4)
+    print(f"  {label}: losses within {worst:.1e}, adapter within {rel:.1e}", flush=True)
+
+
+def killed_rank_resumes(cli, env, tmp, data):
+    proj = project(tmp, data, "kill", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}})
+    out_ref, out = os.path.join(tmp, "kill-ref"), os.path.join(tmp, "kill-run")
+    rc, err = run(cli, "train", proj, "--output", out_ref, "--json", env=env)
+    check("kill: the uninterrupted 2-process run completes", rc == 0, err[-500:])
+    log = os.path.join(tmp, "kill.log")
+    with open(log, "w") as f:
+        p = subprocess.Popen([cli, "train", proj, "--output", out, "--json"], stderr=f, env=env)
+    STARTED.append(p)
+    marker = os.path.join(out, "rank-project.json")
+    t_end, killed = time.time() + 120, None
+    while time.time() < t_end and p.poll() is None:
+        with open(log) as f:
+            if '"step":7,' in f.read():
+                pids = rank_processes(marker + " --rank 1")
+                if pids:
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed = time.time()
+                break
+        time.sleep(0.05)
+    check("kill: rank 1 was killed after step 7", killed is not None)
+    try:
+        rc = p.wait(timeout=20 + 30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = None
+    took = time.time() - killed if killed else float("inf")
+    with open(log) as f:
+        err = f.read()
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    check(f"kill: rank 0 exits with an error naming rank 1 ({took:.1f} s after the kill)",
+          rc == 1 and "rank 1" in last and last.startswith("error:") and took < 20 + 30, f"rc={rc} last={last[:300]!r}")
+    time.sleep(0.5)
+    left = rank_processes(marker)
+    check("kill: no process of the run is left", not left, f"{left}")
+    db = env["LORAPIPE_DB"]
+    with sqlite3.connect(db) as c:
+        run_id, status = c.execute("SELECT id, status FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+    check("kill: the run is recorded as failed", status == "failed", status)
+    rc, err = run(cli, "resume", str(run_id), "--json", env=env)
+    check("kill: resume completes the run", rc == 0, err[-600:])
+    if rc == 0:
+        with sqlite3.connect(db) as c:
+            status = c.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+        rel = max_rel(adapter(out), adapter(out_ref))
+        check(f"kill: the resumed adapter is the uninterrupted run's (max rel {rel:.1e}), run completed", rel == 0.0 and status == "completed",
+              f"{rel} {status}")
+
+
+def mismatched_ranks_refused(cli, env, tmp, data):
+    a = project(tmp, data, "rank-a", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}})
+    b = project(tmp, data, "rank-b", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}, "optimizer": {"lr": 0.001}})
+    port = free_port()
+    r0 = subprocess.Popen([cli, "train", a, "--output", os.path.join(tmp, "ra"), "--rank", "0", "--rendezvous", f"127.0.0.1:{port}"],
+                          stderr=subprocess.PIPE, text=True, env=env)
+    STARTED.append(r0)
+    time.sleep(1.0)
+    r1 = subprocess.Popen([cli, "train", b, "--output", os.path.join(tmp, "rb"), "--rank", "1", "--rendezvous", f"127.0.0.1:{port}"],
+                          stderr=subprocess.PIPE, text=True, env=env)
+    STARTED.append(r1)
+    try:
+        e1 = r1.communicate(timeout=60)[1]
+        e0 = r0.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        r0.kill(), r1.kill()
+        e0 = e1 = "timed out"
+    needle = "rank 1 runs another project than rank 0"
+    check("hand-started ranks with different projects: rank 0 refuses naming rank 1", r0.returncode == 1 and needle in e0, e0[-400:])
+    check("hand-started ranks with different projects: rank 1 refuses too", r1.returncode == 1 and needle in e1, e1[-400:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--data", required=True)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, LORAPIPE_DB=os.path.join(tmp, "runs.db"), XDG_CACHE_HOME=os.path.join(tmp, "cache"))
+        try:
+            same_as_one_process(args.cli, env, tmp, args.data, "cpu:2", "1f1b", 2)
+            same_as_one_process(args.cli, env, tmp, args.data, "cpu:4", "round-robin", 4)
+            killed_rank_resumes(args.cli, env, tmp, args.data)
+            mismatched_ranks_refused(args.cli, env, tmp, args.data)
+            proj = project(tmp, args.data, "bad", "cpu:2", "1f1b")
+            rc, err = run(args.cli, "train", proj, "--processes", "3", env=env)
+            check("3 processes on 2 devices: refused naming distributed.processes", rc == 1 and "distributed.processes" in err, err[-300:])
+        finally:
+            for p in STARTED:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    print(f"{RESULTS.count(True)} passed, {RESULTS.count(False)} failed")
+    return 0 if all(RESULTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
