@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <vector>
 
@@ -56,6 +58,7 @@ struct process_group::impl {
   uint16_t port = 0;
   c10::intrusive_ptr<c10d::TCPStore> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::unique_ptr<std::atomic<uint64_t>[]> sent;  // bytes posted per peer
 
   status failed(const std::string& what, const std::exception& e) const {
     std::string msg = e.what();
@@ -120,8 +123,12 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
                         r, theirs[static_cast<size_t>(r)].substr(0, 16), theirs[0].substr(0, 16));
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    opts->devices.push_back(is_loopback(o.host) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                                : c10d::ProcessGroupGloo::createDefaultDevice());
+    // Where this rank listens for the others: the loopback for a rendezvous on it, the interface
+    // named by GLOO_SOCKET_IFNAME (as PyTorch reads it), else the address this host's name resolves to.
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    opts->devices.push_back(is_loopback(o.host)                   ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                            : ifname != nullptr && *ifname != 0 ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                                                : c10d::ProcessGroupGloo::createDefaultDevice());
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lorapipe/gloo", p->store);
     p->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o.rank, o.world, opts);
   } catch (const std::exception& e) {
@@ -129,6 +136,7 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
     return make_error("distributed: rank {}: connecting the {} processes failed: {}", o.rank, o.world, msg);
   }
+  p->sent = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(o.world));
   return std::unique_ptr<process_group>(new process_group(std::move(p)));
 }
 
@@ -145,10 +153,15 @@ result<process_group::pending_send> process_group::isend(const at::Tensor& t, in
   try {
     std::vector<at::Tensor> v{w->keep};
     w->work = p_->pg->send(v, to, tag);
+    if (to >= 0 && to < p_->o.world) p_->sent[static_cast<size_t>(to)] += w->keep.numel() * w->keep.element_size();
   } catch (const std::exception& e) {
     return p_->failed(what, e).err();
   }
   return pending_send(this, std::move(w), std::move(what));
+}
+
+uint64_t process_group::bytes_sent(int peer) const {
+  return peer >= 0 && peer < p_->o.world ? p_->sent[static_cast<size_t>(peer)].load() : 0;
 }
 
 status process_group::send(const at::Tensor& t, int to, int tag) {

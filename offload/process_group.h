@@ -59,6 +59,9 @@ class process_group {
   status broadcast(at::Tensor& t, int root);
   status barrier();
 
+  // Bytes this process has posted to `peer` with send/isend so far (activations, gradients, checkpoints).
+  uint64_t bytes_sent(int peer) const;
+
   // Small values through the store (metrics, a rank's last completed instruction): set never
   // blocks; get waits up to the timeout.
   status store_set(const std::string& key, const std::string& value);
