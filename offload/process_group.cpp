@@ -110,12 +110,18 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   if (o.rank == 0 && o.on_listening) o.on_listening(p->port);
   std::vector<std::string> hashes(static_cast<size_t>(o.world)), seen(static_cast<size_t>(o.world));
   for (int r = 0; r < o.world; ++r) hashes[static_cast<size_t>(r)] = hash_key(r), seen[static_cast<size_t>(r)] = seen_key(r);
-  p->store->set(hash_key(o.rank), bytes_of(o.config_hash));
-  LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous"));
   std::vector<std::string> theirs;
-  for (int r = 0; r < o.world; ++r) theirs.push_back(text_of(p->store->get(hash_key(r))));
-  p->store->set(seen_key(o.rank), bytes_of("1"));
-  if (o.rank == 0) (void)wait_for_ranks(*p->store, seen, o.timeout, "read the project hashes");  // before the server may go
+  try {
+    p->store->set(hash_key(o.rank), bytes_of(o.config_hash));
+    LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous"));
+    for (int r = 0; r < o.world; ++r) theirs.push_back(text_of(p->store->get(hash_key(r))));
+    p->store->set(seen_key(o.rank), bytes_of("1"));
+    if (o.rank == 0) (void)wait_for_ranks(*p->store, seen, o.timeout, "read the project hashes");  // before the server may go
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    return make_error("distributed: rank {}: the rendezvous at {}:{} failed: {}", o.rank, o.host, p->port, msg);
+  }
   for (int r = 1; r < o.world; ++r)
     if (theirs[static_cast<size_t>(r)] != theirs[0])
       return make_error("distributed: rank {} runs another project than rank 0 (config hash {} vs {}); every process must "
@@ -173,6 +179,14 @@ process_group::pending_send::pending_send(process_group* g, std::shared_ptr<work
     : g_(g), w_(std::move(w)), what_(std::move(what)) {}
 
 status process_group::pending_send::wait() { return g_->p_->wait(what_, *w_->work); }
+
+bool process_group::pending_send::done() const {
+  try {
+    return w_->work->isCompleted() && w_->work->isSuccess();
+  } catch (const std::exception&) {
+    return false;  // wait() reports it
+  }
+}
 
 status process_group::recv(at::Tensor& into, int from, int tag) {
   if (!into.is_contiguous()) return make_error("distributed: recv into a non-contiguous tensor");

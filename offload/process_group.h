@@ -77,6 +77,7 @@ class process_group::pending_send {
  public:
   pending_send(process_group* g, std::shared_ptr<work_handle> w, std::string what);
   status wait();  // until the receiver has the bytes, or the timeout (an error naming the peer)
+  bool done() const;  // the receiver has the bytes (false while in flight, and after a failure: wait() reports it)
 
  private:
   process_group* g_;

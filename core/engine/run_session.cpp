@@ -202,13 +202,17 @@ result<train_summary> run_rank(const project_config& cfg, int rank, const fs::pa
   LP_TRY(validate_project(cfg));
   if (rank < 1 || rank >= cfg.distributed.processes)
     return make_error("--rank {}: must be in 1..{} (distributed.processes {})", rank, cfg.distributed.processes - 1, cfg.distributed.processes);
-  LP_TRY_ASSIGN(group, join_processes(cfg, rank, {}));
+  // As begin_run does for rank 0 (the hashes compare the resolved projects; a planner that chose
+  // differently here, from another machine's profile, is refused at the rendezvous).
+  LP_TRY_ASSIGN(resolved_cfg, resolve_project_schedule(cfg));
+  const project_config resolved = with_absolute_paths(resolved_cfg);
+  LP_TRY_ASSIGN(group, join_processes(resolved, rank, {}));
   train_options to;
   to.cancel = &cancel;
   to.resume_from = resume_from;
-  to.config_hash = config_hash(cfg);
+  to.config_hash = config_hash(resolved);
   to.group = group.get();
-  return run_training(cfg, obs, to);
+  return run_training(resolved, obs, to);
 }
 
 result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts) {

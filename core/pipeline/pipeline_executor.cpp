@@ -284,6 +284,15 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
     if (d != nullptr) d->upload().submit(0, [] {}).wait();
   if (pp.group != nullptr && !s.failed)  // every tensor sent to another rank has arrived there
     if (auto st = s.finish_process_sends(); !st.ok()) s.fail(st.message());
+  if (pp.group != nullptr && !s.failed && s.local_stages.empty()) {
+    // No OPTIMIZER_STEP here (round-robin can leave a device without one): this rank still takes
+    // part in the norm's all-reduce, adding nothing, so every rank's collectives line up.
+    try {
+      s.grad_norm = s.global_clip(apply_optimizer ? max_grad_norm : 0.0);
+    } catch (const std::exception& e) {
+      s.fail(e.what());
+    }
+  }
   s.process_sends.clear();
   at::set_num_threads(main_threads);
   pipeline_step_result r;

@@ -199,6 +199,7 @@ struct pipeline_executor::impl {
   status share_updated_lora();
   status gather_state();
   status finish_process_sends();
+  void keep_process_send(process_group::pending_send s);
   double global_clip(double max_norm);
 
   bool timed_compute(const instr& in) const {

@@ -376,7 +376,7 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
         auto sent = po.processes.group->isend(from->copy_out(t.get()), rank, tag);
         if (!sent.ok()) return fail(sent.message());
         std::lock_guard lock(mu);
-        process_sends.push_back(std::move(*sent));
+        keep_process_send(std::move(*sent));
       } catch (const std::exception& e) {
         fail_on(*from, e);
       }
@@ -446,7 +446,7 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
           auto sent = po.processes.group->isend(devp->copy_out(src.get()), rank, tag);
           if (!sent.ok()) return fail(sent.message());
           std::lock_guard lock(mu);
-          process_sends.push_back(std::move(*sent));
+          keep_process_send(std::move(*sent));
         } catch (const std::exception& e) {
           fail_on(*devp, e);
         }
@@ -507,6 +507,13 @@ double impl::global_clip(double max_norm) {
   const double norm = std::sqrt(sq.item<double>());
   if (max_norm > 0 && norm > max_norm && !grads.empty()) at::_foreach_mul_(grads, max_norm / (norm + 1e-6));
   return norm;
+}
+
+// Holds a send to another rank until it is received; sends already received are dropped with their
+// host copies (pinned on GPUs) rather than kept to the end of the step. Under mu.
+void impl::keep_process_send(process_group::pending_send s) {
+  std::erase_if(process_sends, [](const process_group::pending_send& p) { return p.done(); });
+  process_sends.push_back(std::move(s));
 }
 
 // Waits until every tensor sent to another rank this step has been received there.

@@ -63,6 +63,7 @@ class trainer {
     if (cfg_.parallel.schedule != "single") LP_TRY(build());
     if (!opts_.checkpoint_root.empty()) sweep_checkpoint_leftovers(opts_.checkpoint_root);
     if (!opts_.resume_from.empty()) LP_TRY(restore());
+    LP_TRY(check_same_start());
     sum_.start_step = step_;
     try {
       before_training();
@@ -80,6 +81,33 @@ class trainer {
   int rank() const { return opts_.group != nullptr ? opts_.group->rank() : 0; }
   // Several processes: every stage's LoRA weights and AdamW state onto every rank (all call it at the
   // same points of the loop: before validating, sampling, checkpointing and saving).
+  // A stop request, between steps. Several processes: decided together (any rank asked: all stop at
+  // the same step, so their checkpoint and collectives line up); inside a step or a validation
+  // nothing is cancelled then.
+  bool stop_requested() {
+    if (opts_.group == nullptr) return cancel_requested(cancel_);
+    at::Tensor flag = torch::full({1}, cancel_requested(cancel_) ? 1.0 : 0.0, torch::kDouble);  // f64 [1]
+    if (auto st = opts_.group->all_reduce_sum(flag); !st.ok()) throw lorapipe_error(st.message());
+    return flag.item<double>() > 0;
+  }
+  const cancel_token* inner_cancel() const { return opts_.group != nullptr ? nullptr : cancel_; }
+
+  // Several processes: every rank starts from the same step and data position (a rank started by hand
+  // without the checkpoint rank 0 resumes from would otherwise train other batches).
+  status check_same_start() {
+    if (opts_.group == nullptr) return ok_status();
+    const double world = opts_.group->world();
+    at::Tensor mine = torch::tensor({static_cast<double>(step_), static_cast<double>(cursor_), static_cast<double>(in_->data.train.size())},
+                                    torch::kDouble);  // f64 [3]
+    at::Tensor sum = mine.clone();
+    LP_TRY(opts_.group->all_reduce_sum(sum));
+    if (!torch::equal(sum, mine * world))
+      return make_error("distributed: the processes start from different points (this rank: step {}, data position {}, {} training "
+                        "sequences); every rank must resume from the same checkpoint and read the same data",
+                        step_, cursor_, in_->data.train.size());
+    return ok_status();
+  }
+
   void gather() {
     if (opts_.group == nullptr || !rig_.executor) return;
     if (auto st = rig_.executor->gather_state(); !st.ok()) throw lorapipe_error(st.message());
@@ -151,7 +179,7 @@ class trainer {
 
   status build() {
     pipeline_options po;
-    po.cancel = cancel_;
+    po.cancel = opts_.group != nullptr ? nullptr : cancel_;  // several processes: decided together (stop_requested)
     po.probe = opts_.probe;
     if (opts_.group != nullptr) {  // contiguous blocks of device positions, one per rank
       const int64_t n = device_count(cfg_.parallel.devices), world = opts_.group->world();
@@ -224,7 +252,7 @@ class trainer {
     // weights otherwise.
     auto r = [&] {
       if (!rig_.evaluator)
-        return evaluate_windows(in_->weights, &lora_, in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_);
+        return evaluate_windows(in_->weights, &lora_, in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, inner_cancel());
       pipeline_validation scope(rig_);
       return evaluate_windows(in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_,
                               [&](const at::Tensor& x, const at::Tensor& y) {
@@ -243,13 +271,13 @@ class trainer {
       if (step_ == 0) sum_.first_val_loss = loss;
     }
     if (cfg_.run.sample_tokens > 0 && !resuming)
-      obs_.on_event(sample_event{"before", cfg_.run.sample_prompt, sample(0, cancel_)});
+      obs_.on_event(sample_event{"before", cfg_.run.sample_prompt, sample(0, inner_cancel())});
   }
 
   status loop() {
     const auto t_start = clock_type::now();
     for (; step_ < total_steps_; ++step_) {
-      if (cancel_requested(cancel_)) {
+      if (stop_requested()) {
         stopped_ = true;
         return ok_status();
       }
