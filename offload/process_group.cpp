@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -83,6 +84,41 @@ struct process_group::impl {
       return failed(what, e);
     }
     return wait(what, *w);
+  }
+
+  // A collective over every rank; when it fails, the ranks that are gone are named: each survivor
+  // leaves word in the store under the collective's number (the same on every rank), and the ranks
+  // with no word after a short grace are the dead or hung ones (rank 0's death: the store is gone).
+  uint64_t collectives = 0;
+  template <class F>
+  status collective(const std::string& what, F&& make_work) {
+    const uint64_t n = collectives++;
+    auto st = run(what, std::forward<F>(make_work));
+    if (st.ok() || o.world <= 1) return st;
+    std::string gone;
+    try {
+      const auto key = [n](int r) { return fmt::format("lorapipe/failed/{}/{}", n, r); };
+      store->set(key(o.rank), bytes_of("1"));
+      const auto end = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(o.timeout, std::chrono::milliseconds(3000));
+      std::vector<int> missing;
+      do {
+        missing.clear();
+        for (int r = 0; r < o.world; ++r)
+          if (r != o.rank && !store->check({key(r)})) missing.push_back(r);
+        if (missing.empty()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } while (std::chrono::steady_clock::now() < end);
+      for (int r : missing) gone += fmt::format("{}{}", gone.empty() ? "" : ", ", r);
+      if (!gone.empty())
+        gone = missing.size() == 1 ? fmt::format("rank {} is gone (no word from it after the failure): ", gone)
+                                   : fmt::format("ranks {} are gone (no word from them after the failure): ", gone);
+    } catch (const std::exception&) {
+      gone = o.rank == 0 ? "" : "rank 0 is gone (its rendezvous store does not answer): ";
+    }
+    std::string msg = st.message();
+    const std::string prefix = "distributed: ";
+    if (msg.rfind(prefix, 0) == 0) msg = msg.substr(prefix.size());
+    return make_error("{}{}{}", prefix, gone, msg);
   }
 };
 
@@ -196,18 +232,18 @@ status process_group::recv(at::Tensor& into, int from, int tag) {
 
 status process_group::all_reduce_sum(at::Tensor& t) {
   std::vector<at::Tensor> v{t};
-  return p_->run(fmt::format("all-reduce over {} ranks", p_->o.world), [&] { return p_->pg->allreduce(v); });
+  return p_->collective(fmt::format("all-reduce over {} ranks", p_->o.world), [&] { return p_->pg->allreduce(v); });
 }
 
 status process_group::broadcast(at::Tensor& t, int root) {
   std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
-  return p_->run(fmt::format("broadcast from rank {}", root), [&] { return p_->pg->broadcast(v, bo); });
+  return p_->collective(fmt::format("broadcast from rank {}", root), [&] { return p_->pg->broadcast(v, bo); });
 }
 
 status process_group::barrier() {
-  return p_->run(fmt::format("barrier of {} ranks", p_->o.world), [&] { return p_->pg->barrier(); });
+  return p_->collective(fmt::format("barrier of {} ranks", p_->o.world), [&] { return p_->pg->barrier(); });
 }
 
 status process_group::store_set(const std::string& key, const std::string& value) {

@@ -124,6 +124,23 @@ TEST(ProcessGroup, AKilledRankIsNamedWithinTheTimeout) {
   EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(5)).value_or(-1000), -SIGKILL);
 }
 
+TEST(ProcessGroup, ARankKilledBeforeACollectiveIsNamed) {
+  world_of w("hang", 3, 5000);
+  ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  w.peers[1]->kill();  // rank 2
+  (void)w.peers[1]->wait(std::chrono::seconds(5));
+  w.peers[0]->kill();  // rank 1 as well: rank 0 is the only survivor
+  (void)w.peers[0]->wait(std::chrono::seconds(5));
+  auto sum = torch::ones({4});
+  const auto t0 = clk::now();
+  auto s = (*w.rank0)->all_reduce_sum(sum);
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("ranks 1, 2 are gone"), std::string::npos) << s.message();
+  std::printf("collective after two ranks were killed, after %.2f s: %s\n", took, s.message().c_str());
+  EXPECT_LT(took, 5.0 + 8.0);
+}
+
 TEST(ProcessGroup, AHungRankTimesOutNamingIt) {
   world_of w("hang", 2, 1500);
   ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
