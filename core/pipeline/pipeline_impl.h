@@ -387,6 +387,7 @@ struct pipeline_executor::impl {
   block_ptr head_block(worker_ctx& c, const stage_def& st);  // null unless st has the head
   void send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t peer, async_tensor t);
   void recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from);
+  void send_to_rank(worker_ctx& c, async_tensor t, int32_t peer, int tag);
   void backward_done();
   bool cancel_before_update();
 };

@@ -369,20 +369,7 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
       fail_on(*to, e);
     }
   };
-  if (crosses_process(c.d, peer)) {  // to host memory on the download engine, then posted to the rank
-    const int rank = po.processes.rank_of[static_cast<size_t>(peer)], tag = process_tag(kind, boundary, m);
-    c.outgoing.push_back(c.dev.download().submit(bytes, [this, t, from, rank, tag] {
-      try {
-        auto sent = po.processes.group->isend(from->copy_out(t.get()), rank, tag);
-        if (!sent.ok()) return fail(sent.message());
-        std::lock_guard lock(mu);
-        keep_process_send(std::move(*sent));
-      } catch (const std::exception& e) {
-        fail_on(*from, e);
-      }
-    }));
-    return;
-  }
+  if (crosses_process(c.d, peer)) return send_to_rank(c, t, peer, process_tag(kind, boundary, m));
   const transport_kind link = link_kind(c.d, peer);
   if (link == transport_kind::nccl) {
     c.dev.nccl_send(peer, t.get());
@@ -405,6 +392,23 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
     upload_when_open(peer, after, [host_copy, to, deliver, bytes] {
       to->upload().submit(bytes, [host_copy, to, deliver] { deliver([&] { return to->copy_in(*host_copy); }); });
     });
+  }));
+}
+
+// To the rank running device position `peer`: into host memory on this device's download engine,
+// then posted (isend); the step's end waits until it has arrived.
+void impl::send_to_rank(worker_ctx& c, async_tensor t, int32_t peer, int tag) {
+  compute_device* from = &c.dev;
+  const int rank = po.processes.rank_of[static_cast<size_t>(peer)];
+  c.outgoing.push_back(c.dev.download().submit(nbytes(t.get()), [this, t, from, rank, tag] {
+    try {
+      auto sent = po.processes.group->isend(from->copy_out(t.get()), rank, tag);
+      if (!sent.ok()) return fail(sent.message());
+      std::lock_guard lock(mu);
+      keep_process_send(std::move(*sent));
+    } catch (const std::exception& e) {
+      fail_on(*from, e);
+    }
   }));
 }
 
@@ -440,17 +444,7 @@ void impl::exec_offload(worker_ctx& c, const instr& in) {
     compute_device* devp = &c.dev;
     if (auto r = ckpt_reloaded_on.find({b, in.micro}); r != ckpt_reloaded_on.end() && crosses_process(c.d, r->second)) {
       if (b == 0) continue;  // the token ids: the other rank has the micro-batch too
-      const int rank = po.processes.rank_of[static_cast<size_t>(r->second)], tag = process_tag('C', b, in.micro);
-      c.outgoing.push_back(c.dev.download().submit(nbytes(src.get()), [this, src, devp, rank, tag] {
-        try {
-          auto sent = po.processes.group->isend(devp->copy_out(src.get()), rank, tag);
-          if (!sent.ok()) return fail(sent.message());
-          std::lock_guard lock(mu);
-          keep_process_send(std::move(*sent));
-        } catch (const std::exception& e) {
-          fail_on(*devp, e);
-        }
-      }));
+      send_to_rank(c, src, r->second, process_tag('C', b, in.micro));
       continue;
     }
     async_tensor dst;
