@@ -29,7 +29,8 @@ namespace {
 const std::pair<const char*, const char*> kSections[] = {{"name", "Project"},         {"model", "Model"},         {"tokenizer", "Tokenizer"},
                                                          {"data", "Data"},           {"lora", "LoRA"},
                                                          {"optimizer", "Optimizer"}, {"parallel", "Devices and schedule"},
-                                                         {"offload", "Offload"},     {"run", "Run"}};
+                                                         {"offload", "Offload"},     {"distributed", "Processes"},
+                                                         {"run", "Run"}};
 
 QString labelOf(const std::string& path) {
   static const std::pair<const char*, const char*> named[] = {
