@@ -109,14 +109,21 @@ TEST(ProcessGroup, ARankWithAnotherProjectIsRefusedOnEveryRank) {
   EXPECT_NE(w.peers[0]->stderr_text().find("rank 2 runs another project"), std::string::npos) << w.peers[0]->stderr_text();
 }
 
+namespace {
+// Rank 0 receives from rank 1 (nothing will come): the error and how long it took.
+std::pair<status, double> timed_recv_from_1(process_group& g) {
+  const auto t0 = clk::now();
+  auto y = torch::empty({16});
+  auto s = g.recv(y, 1, 1);
+  return {std::move(s), std::chrono::duration<double>(clk::now() - t0).count()};
+}
+}  // namespace
+
 TEST(ProcessGroup, AKilledRankIsNamedWithinTheTimeout) {
   world_of w("hang", 2, 5000);
   ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
   w.peers[0]->kill();
-  const auto t0 = clk::now();
-  auto y = torch::empty({16});
-  auto s = (*w.rank0)->recv(y, 1, 1);
-  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  auto [s, took] = timed_recv_from_1(**w.rank0);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("receive from rank 1"), std::string::npos) << s.message();
   std::printf("killed rank, after %.2f s: %s\n", took, s.message().c_str());
@@ -144,10 +151,7 @@ TEST(ProcessGroup, ARankKilledBeforeACollectiveIsNamed) {
 TEST(ProcessGroup, AHungRankTimesOutNamingIt) {
   world_of w("hang", 2, 1500);
   ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
-  const auto t0 = clk::now();
-  auto y = torch::empty({16});
-  auto s = (*w.rank0)->recv(y, 1, 1);
-  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  auto [s, took] = timed_recv_from_1(**w.rank0);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("receive from rank 1"), std::string::npos) << s.message();
   std::printf("hung rank, after %.2f s: %s\n", took, s.message().c_str());
