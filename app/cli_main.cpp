@@ -159,6 +159,8 @@ int main(int argc, char** argv) {
   auto* resume = app.add_subcommand("resume", "Continue an interrupted or crashed run from its newest checkpoint");
   resume->add_option("run", ra.run, "Run id (lorapipe-cli runs list)")->required()->check(CLI::PositiveNumber);
   resume->add_option("--checkpoint", ra.checkpoint, "Continue from the checkpoint at this step instead of the newest");
+  resume->add_option("--processes", ra.processes, "Continue over this many processes (1 = one process; the checkpoint fits any count)")
+      ->check(CLI::Range(1, 64));
   resume->add_option("--db", ra.db, "Run database");
   resume->add_flag("--json", ra.json, "Print events as JSON lines on stderr");
 

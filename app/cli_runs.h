@@ -25,6 +25,7 @@ struct resume_args {
   int64_t run = 0;  // run id in the database (which knows its config and output folder)
   std::string db;
   int64_t checkpoint = -1;  // step of an older checkpoint to continue from (-1 = newest)
+  int64_t processes = -1;   // continue over this many processes (-1: as recorded)
   bool json = false;
 };
 struct eval_args {

@@ -141,7 +141,8 @@ int cmd_train(const train_args& a, const cancel_token& stop) {
 
 int cmd_resume(const resume_args& a, const cancel_token& stop) {
   const fs::path db = resolve_database(a.db);
-  auto h = prepare_resume(db, a.run, a.checkpoint >= 0 ? std::optional<int64_t>(a.checkpoint) : std::nullopt);
+  auto h = prepare_resume(db, a.run, a.checkpoint >= 0 ? std::optional<int64_t>(a.checkpoint) : std::nullopt,
+                          a.processes >= 0 ? std::optional<int64_t>(a.processes) : std::nullopt);
   if (!h) return cli_fail(h.message());
   if (h->already_completed) {
     std::fputs(fmt::format("run {} already completed ({} steps)\n", a.run, h->total_steps).c_str(), stderr);

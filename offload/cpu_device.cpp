@@ -127,24 +127,36 @@ result<std::vector<device_facts>> describe_devices(const std::string& spec) {
   return out;
 }
 
-result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o) {
+result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o,
+                                                                  const std::vector<bool>& here) {
   LP_TRY_ASSIGN(ds, parse_device_spec(spec));
+  const size_t n = ds.gpus.empty() ? static_cast<size_t>(ds.cpus) : ds.gpus.size();
+  if (!here.empty() && here.size() != n) return make_error("parallel.devices: '{}' names {} devices, {} flags given", spec, n, here.size());
+  auto wanted = [&](size_t i) { return here.empty() || here[i]; };
   std::vector<std::unique_ptr<compute_device>> out;
   if (!ds.gpus.empty()) {
 #ifdef LORAPIPE_HAS_CUDA
+    std::vector<int> local;  // the GPUs of the positions created here (memory is split among those)
     std::map<int, size_t> free_b;
-    for (int g : ds.gpus) {
-      if (free_b.count(g)) continue;
-      LP_TRY_ASSIGN(f, cuda_free_bytes(g));
-      free_b[g] = f;
+    for (size_t i = 0; i < n; ++i) {
+      if (!wanted(i)) continue;
+      local.push_back(ds.gpus[i]);
+      if (free_b.count(ds.gpus[i])) continue;
+      LP_TRY_ASSIGN(f, cuda_free_bytes(ds.gpus[i]));
+      free_b[ds.gpus[i]] = f;
     }
     // 90% of each GPU's free memory, split between the pipeline devices on it (an explicit capacity,
     // from tests, applies to each device as given).
-    auto budget = split_gpu_memory(ds.gpus, [&](int g) { return free_b.at(g); }, 0.9);
+    auto budget = split_gpu_memory(local, [&](int g) { return free_b.at(g); }, 0.9);
     const size_t ram = static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     auto pinned = make_cuda_pinned_registry(o.pinned_budget_bytes > 0 ? o.pinned_budget_bytes : ram / 2);
-    for (size_t i = 0; i < ds.gpus.size(); ++i) {
-      const size_t capacity = o.capacity_bytes < (size_t{1} << 40) ? o.capacity_bytes : budget[i];
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!wanted(i)) {
+        out.push_back(nullptr);
+        continue;
+      }
+      const size_t capacity = o.capacity_bytes < (size_t{1} << 40) ? o.capacity_bytes : budget[k++];
       auto d = make_cuda_device(static_cast<int>(i), ds.gpus[i], capacity, pinned, o);
       if (!d) return d.err();
       out.push_back(std::move(*d));
@@ -154,7 +166,7 @@ result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::str
     return make_error("parallel.devices: '{}': this build has no CUDA support (configure with LORAPIPE_WITH_CUDA=ON)", spec);
 #endif
   }
-  for (int i = 0; i < ds.cpus; ++i) out.push_back(std::make_unique<cpu_device>(i, o));
+  for (size_t i = 0; i < n; ++i) out.push_back(wanted(i) ? std::make_unique<cpu_device>(static_cast<int>(i), o) : nullptr);
   return out;
 }
 

@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cstdlib>
 #include <exception>
 #include <thread>
@@ -21,6 +24,7 @@ namespace {
 
 std::string hash_key(int r) { return fmt::format("lorapipe/hash/{}", r); }
 std::string seen_key(int r) { return fmt::format("lorapipe/seen/{}", r); }
+std::string report_key(int r) { return fmt::format("lorapipe/report/{}", r); }
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
@@ -52,6 +56,55 @@ status wait_for_ranks(c10d::Store& store, const std::vector<std::string>& keys, 
 struct process_group::work_handle {
   c10::intrusive_ptr<c10d::Work> work;
   at::Tensor keep;  // the bytes being sent
+  int peer = -1;
+};
+
+// This rank's progress report and the thread that publishes it (the newest text, coalesced).
+struct progress_board {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string context;
+  std::map<int, std::string> done;  // by device position
+  uint64_t version = 0;
+  bool stop = false;
+  std::thread publisher;
+
+  std::string text() const {  // under mu: "step 8 of 12: cpu:1 completed B s1 m2; cpu:2 completed …"
+    std::string devs;
+    for (const auto& [pos, what] : done) devs += fmt::format("{}{}", devs.empty() ? "" : "; ", what);
+    if (context.empty() || devs.empty()) return context + devs;
+    return context + ": " + devs;
+  }
+  void start(c10d::Store& store, int rank) {
+    publisher = std::thread([this, &store, rank] {
+      uint64_t published = 0;
+      std::unique_lock lock(mu);
+      while (true) {
+        cv.wait(lock, [&] { return stop || version != published; });
+        if (stop) return;
+        published = version;
+        const std::string t = text();
+        lock.unlock();
+        try {
+          store.set(report_key(rank), bytes_of(t));
+        } catch (const std::exception&) {  // the store is gone (rank 0 died): the error reaches us elsewhere
+        }
+        lock.lock();
+      }
+    });
+  }
+  void update(const std::function<void()>& f) {
+    {
+      std::lock_guard lock(mu);
+      f();
+      ++version;
+    }
+    cv.notify_one();
+  }
+  ~progress_board() {
+    update([this] { stop = true; });
+    if (publisher.joinable()) publisher.join();
+  }
 };
 
 struct process_group::impl {
@@ -60,30 +113,51 @@ struct process_group::impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   std::unique_ptr<std::atomic<uint64_t>[]> sent;  // bytes posted per peer
+  std::unique_ptr<progress_board> board;  // declared last: its publisher stops before the store goes
 
-  status failed(const std::string& what, const std::exception& e) const {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);  // c10d appends a C++ trace
-    return make_error("distributed: rank {}: {} failed: {}", o.rank, what, msg);
-  }
-  status wait(const std::string& what, c10d::Work& w) const {
+  std::string last_report(int r) const {
     try {
-      if (!w.wait(o.timeout)) return make_error("distributed: rank {}: {} timed out after {} s", o.rank, what, o.timeout.count() / 1000.0);
-      return ok_status();
-    } catch (const std::exception& e) {
-      return failed(what, e);
+      if (!store->check({report_key(r)})) return "";
+      return text_of(store->get(report_key(r)));
+    } catch (const std::exception&) {
+      return "";
     }
   }
-  // Runs one c10d call and waits for it; exceptions become errors naming `what`.
+  // "rank 1 last reported: …; rank 2 …" for the peers named that reported anything; `before`
+  // and `after` around it unless it is empty.
+  std::string reports_of(const std::vector<int>& peers, const char* before = " (", const char* after = ")") const {
+    std::string out;
+    for (int r : peers) {
+      if (r < 0 || r >= o.world || r == o.rank) continue;
+      const std::string t = last_report(r);
+      if (!t.empty()) out += fmt::format("{}rank {} last reported: {}", out.empty() ? "" : "; ", r, t);
+    }
+    return out.empty() ? "" : before + out + after;
+  }
+  status failed(const std::string& what, const std::exception& e, int peer = -1) const {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);  // c10d appends a C++ trace
+    return make_error("distributed: rank {}: {} failed: {}{}", o.rank, what, msg, reports_of({peer}));
+  }
+  status wait(const std::string& what, c10d::Work& w, int peer = -1) const {
+    try {
+      if (!w.wait(o.timeout))
+        return make_error("distributed: rank {}: {} timed out after {} s{}", o.rank, what, o.timeout.count() / 1000.0, reports_of({peer}));
+      return ok_status();
+    } catch (const std::exception& e) {
+      return failed(what, e, peer);
+    }
+  }
+  // Runs one c10d call and waits for it; exceptions become errors naming `what` (and the peer's report).
   template <class F>
-  status run(const std::string& what, F&& make_work) {
+  status run(const std::string& what, F&& make_work, int peer = -1) {
     c10::intrusive_ptr<c10d::Work> w;
     try {
       w = make_work();
     } catch (const std::exception& e) {
-      return failed(what, e);
+      return failed(what, e, peer);
     }
-    return wait(what, *w);
+    return wait(what, *w, peer);
   }
 
   // A collective over every rank; when it fails, the ranks that are gone are named: each survivor
@@ -110,8 +184,8 @@ struct process_group::impl {
       } while (std::chrono::steady_clock::now() < end);
       for (int r : missing) gone += fmt::format("{}{}", gone.empty() ? "" : ", ", r);
       if (!gone.empty())
-        gone = missing.size() == 1 ? fmt::format("rank {} is gone (no word from it after the failure): ", gone)
-                                   : fmt::format("ranks {} are gone (no word from them after the failure): ", gone);
+        gone = missing.size() == 1 ? fmt::format("rank {} is gone (no word from it after the failure{}): ", gone, reports_of(missing, "; ", ""))
+                                   : fmt::format("ranks {} are gone (no word from them after the failure{}): ", gone, reports_of(missing, "; ", ""));
     } catch (const std::exception&) {
       gone = o.rank == 0 ? "" : "rank 0 is gone (its rendezvous store does not answer): ";
     }
@@ -179,6 +253,8 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
     return make_error("distributed: rank {}: connecting the {} processes failed: {}", o.rank, o.world, msg);
   }
   p->sent = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(o.world));
+  p->board = std::make_unique<progress_board>();
+  p->board->start(*p->store, o.rank);
   return std::unique_ptr<process_group>(new process_group(std::move(p)));
 }
 
@@ -194,10 +270,11 @@ result<process_group::pending_send> process_group::isend(const at::Tensor& t, in
   std::string what = fmt::format("send to rank {} (tag {})", to, tag);
   try {
     std::vector<at::Tensor> v{w->keep};
+    w->peer = to;
     w->work = p_->pg->send(v, to, tag);
     if (to >= 0 && to < p_->o.world) p_->sent[static_cast<size_t>(to)] += w->keep.numel() * w->keep.element_size();
   } catch (const std::exception& e) {
-    return p_->failed(what, e).err();
+    return p_->failed(what, e, to).err();
   }
   return pending_send(this, std::move(w), std::move(what));
 }
@@ -214,7 +291,7 @@ status process_group::send(const at::Tensor& t, int to, int tag) {
 process_group::pending_send::pending_send(process_group* g, std::shared_ptr<work_handle> w, std::string what)
     : g_(g), w_(std::move(w)), what_(std::move(what)) {}
 
-status process_group::pending_send::wait() { return g_->p_->wait(what_, *w_->work); }
+status process_group::pending_send::wait() { return g_->p_->wait(what_, *w_->work, w_->peer); }
 
 bool process_group::pending_send::done() const {
   try {
@@ -227,7 +304,7 @@ bool process_group::pending_send::done() const {
 status process_group::recv(at::Tensor& into, int from, int tag) {
   if (!into.is_contiguous()) return make_error("distributed: recv into a non-contiguous tensor");
   std::vector<at::Tensor> v{into};
-  return p_->run(fmt::format("receive from rank {} (tag {})", from, tag), [&] { return p_->pg->recv(v, from, tag); });
+  return p_->run(fmt::format("receive from rank {} (tag {})", from, tag), [&] { return p_->pg->recv(v, from, tag); }, from);
 }
 
 status process_group::all_reduce_sum(at::Tensor& t) {
@@ -245,6 +322,19 @@ status process_group::broadcast(at::Tensor& t, int root) {
 status process_group::barrier() {
   return p_->collective(fmt::format("barrier of {} ranks", p_->o.world), [&] { return p_->pg->barrier(); });
 }
+
+void process_group::report_context(const std::string& context) {
+  p_->board->update([&] {  // a new context: what was completed before belongs to the old one
+    p_->board->context = context;
+    p_->board->done.clear();
+  });
+}
+
+void process_group::report_done(int position, const std::string& what) {
+  p_->board->update([&] { p_->board->done[position] = what; });
+}
+
+std::string process_group::last_report(int rank) { return p_->last_report(rank); }
 
 status process_group::store_set(const std::string& key, const std::string& value) {
   try {

@@ -62,8 +62,16 @@ class process_group {
   // Bytes this process has posted to `peer` with send/isend so far (activations, gradients, checkpoints).
   uint64_t bytes_sent(int peer) const;
 
-  // Small values through the store (metrics, a rank's last completed instruction): set never
-  // blocks; get waits up to the timeout.
+  // What this rank has done, for the others' errors should it die or hang: the context (set by the
+  // trainer: "training step 8 of 12") and, per device position, the last instruction it completed.
+  // A background thread publishes it to the store (never blocking the caller); a call that fails
+  // naming a rank appends that rank's last report ("rank 1 last reported: step 8 of 12: cpu:1
+  // completed B s1 m2").
+  void report_context(const std::string& context);
+  void report_done(int position, const std::string& what);
+  std::string last_report(int rank);  // "" when it reported nothing or the store is gone
+
+  // Small values through the store (metrics): set never blocks; get waits up to the timeout.
   status store_set(const std::string& key, const std::string& value);
   result<std::string> store_get(const std::string& key);
 

@@ -256,3 +256,51 @@ TEST(Model, Llama2cVersion1ExportLoadsLikeLegacy) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("size mismatch"), std::string::npos) << bad.message();
 }
+
+// A pipeline rank reads only its stages' tensors: the selected ones equal a full load, the others are
+// meta tensors of the right shape (LoRA initialisation still works on them, any read throws), and a
+// selection for another layer count is refused. Both formats; a tied head keeps the embedding.
+TEST(Model, SelectedLayersAloneAreRead) {
+  for (const char* src : {"hf", "llama2c/stories260K.bin"}) {
+    SCOPED_TRACE(src);
+    auto full = load(stories() / src);
+    load_options lo{at::kFloat};
+    int64_t seen_layers = -1;
+    lo.select = [&](const llama_config& mc) -> result<weight_selection> {
+      seen_layers = mc.num_layers;
+      return weight_selection{{false, true, true, false, false}, /*embed=*/false, /*head=*/false};
+    };
+    auto part = load_llama(stories() / src, lo);
+    ASSERT_TRUE(part.ok()) << part.message();
+    EXPECT_EQ(seen_layers, 5);
+    EXPECT_TRUE(weights_complete(full));
+    EXPECT_FALSE(weights_complete(*part));
+    for (size_t l = 0; l < 5; ++l)
+      for (size_t k = 0; k < part->layers[l].t.size(); ++k) {
+        const auto &a = part->layers[l].t[k], &b = full.layers[l].t[k];
+        ASSERT_EQ(a.defined(), b.defined());
+        if (!a.defined()) continue;
+        EXPECT_EQ(a.sizes(), b.sizes());
+        EXPECT_EQ(a.scalar_type(), b.scalar_type());
+        EXPECT_EQ(a.is_meta(), l != 1 && l != 2) << "layer " << l;
+        if (!a.is_meta()) EXPECT_TRUE(torch::equal(a, b)) << "layer " << l;
+      }
+    // stories260K ties its head: no head, no embedding; the final norm is always read.
+    EXPECT_TRUE(part->embed.is_meta());
+    EXPECT_TRUE(part->lm_head.is_meta());
+    EXPECT_TRUE(torch::equal(part->final_norm, full.final_norm));
+    lora_config lc;
+    lc.targets = {lora_target::q, lora_target::down};
+    auto a = init_lora(*part, lc, 7), b = init_lora(full, lc, 7);
+    for (size_t i = 0; i < a.parameters().size(); ++i) EXPECT_TRUE(torch::equal(a.parameters()[i], b.parameters()[i]));
+    EXPECT_THROW((void)part->layers[0][layer_slot::q].sum().item<float>(), std::exception);
+    lo.select = [](const llama_config&) -> result<weight_selection> { return weight_selection{{true, true}, true, true}; };
+    auto wrong = load_llama(stories() / src, lo);
+    ASSERT_FALSE(wrong.ok());
+    EXPECT_NE(wrong.message().find("names 2 layers, the model has 5"), std::string::npos) << wrong.message();
+    lo.select = [](const llama_config&) -> result<weight_selection> { return weight_selection{{}, false, true}; };
+    auto tied = load_llama(stories() / src, lo);
+    ASSERT_TRUE(tied.ok()) << tied.message();
+    EXPECT_TRUE(weights_complete(*tied)) << "a tied head needs the embedding";
+  }
+}

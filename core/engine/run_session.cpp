@@ -130,7 +130,8 @@ result<run_handle> begin_run(const project_config& cfg, const std::string& proje
   });
 }
 
-result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::optional<int64_t> checkpoint_step) {
+result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::optional<int64_t> checkpoint_step,
+                                  std::optional<int64_t> processes) {
   return guarded([&]() -> result<run_handle> {
     run_store store(database);
     auto rec = store.get_run(run);
@@ -161,6 +162,7 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
     if (auto stored = nlohmann::json::parse(rec->config_json, nullptr, false);
         stored.is_object() && !(stored.contains("parallel") && stored["parallel"].contains("partition")))
       cfg->parallel.partition = "even";
+    if (processes) cfg->distributed.processes = *processes;  // outside the config hash: the checkpoint fits any count
     if (auto st = validate_project(*cfg); !st) return make_error("run {} can no longer run:\n{}", run, st.message());
     h.config = *cfg;
     h.checkpoint_root = checkpoint_root_of(rec->output_dir, run);

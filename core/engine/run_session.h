@@ -36,7 +36,10 @@ struct run_handle {
 
 result<run_handle> begin_run(const project_config& cfg, const std::string& project_path, const std::filesystem::path& database);
 // checkpoint_step: an older checkpoint to continue from (nullopt = the newest).
-result<run_handle> prepare_resume(const std::filesystem::path& database, int64_t run, std::optional<int64_t> checkpoint_step);
+// `processes`: continue over another number of processes (distributed.processes; the checkpoint
+// holds every stage's state, so any count the project's devices and schedule allow will do).
+result<run_handle> prepare_resume(const std::filesystem::path& database, int64_t run, std::optional<int64_t> checkpoint_step,
+                                  std::optional<int64_t> processes = std::nullopt);
 
 enum class run_status { completed, stopped, failed };
 const char* run_status_name(run_status s);

@@ -195,6 +195,18 @@ result<at::Tensor> take(const shard_set& s, const std::string& name, std::vector
   return read_tensor(*file, *info, dt);
 }
 
+// A tensor of this shape and dtype that was not read (weight_selection).
+at::Tensor not_loaded(at::IntArrayRef shape, at::ScalarType dt) { return at::empty(shape, at::TensorOptions().dtype(dt).device(at::kMeta)); }
+
+result<weight_selection> selection_of(const load_options& opt, const llama_config& cfg) {
+  if (!opt.select) return weight_selection{};
+  LP_TRY_ASSIGN(sel, opt.select(cfg));
+  if (!sel.layers.empty() && static_cast<int64_t>(sel.layers.size()) != cfg.num_layers)
+    return make_error("weight selection names {} layers, the model has {}", sel.layers.size(), cfg.num_layers);
+  if (cfg.tie_word_embeddings && sel.head) sel.embed = true;  // the head is the embedding
+  return sel;
+}
+
 void finish(llama_weights& w) {
   for (auto* t : {&w.embed, &w.final_norm, &w.lm_head}) t->set_requires_grad(false);
   for (auto& l : w.layers)
@@ -212,11 +224,18 @@ result<llama_weights> load_hf(const fs::path& dir, const load_options& opt) {
   w.source = dir.string();
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
   std::set<std::string> used;
-  auto take_named = [&](const std::string& name, std::vector<int64_t> shape) {
+  LP_TRY_ASSIGN(sel, selection_of(opt, cfg));
+  auto take_named = [&](const std::string& name, std::vector<int64_t> shape, bool read = true) -> result<at::Tensor> {
     used.insert(name);
-    return take(shards, name, std::move(shape), opt.dtype, dir);
+    if (read) return take(shards, name, std::move(shape), opt.dtype, dir);
+    auto it = shards.index.find(name);  // not read, but the checkpoint must still have it as config.json says
+    if (it == shards.index.end()) return make_error("{}: missing tensor '{}'", dir.string(), name);
+    if (it->second.second->shape != shape)
+      return make_error("{}: tensor '{}' has shape [{}], config.json implies [{}]", it->second.first->label(), name,
+                        fmt::join(it->second.second->shape, ","), fmt::join(shape, ","));
+    return not_loaded(shape, opt.dtype);
   };
-  LP_TRY_ASSIGN(embed, take_named("model.embed_tokens.weight", {V, D}));
+  LP_TRY_ASSIGN(embed, take_named("model.embed_tokens.weight", {V, D}, sel.embed));
   w.embed = embed;
   const auto specs = layer_tensor_specs(cfg);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
@@ -224,7 +243,7 @@ result<llama_weights> load_hf(const fs::path& dir, const load_options& opt) {
     const std::string p = fmt::format("model.layers.{}.", l);
     layer_weights lw;
     for (const auto& spec : specs) {
-      LP_TRY_ASSIGN(t, take_named(p + spec.name, spec.shape));
+      LP_TRY_ASSIGN(t, take_named(p + spec.name, spec.shape, sel.layer(l)));
       lw[spec.slot] = t;
     }
     w.layers.push_back(std::move(lw));
@@ -235,13 +254,13 @@ result<llama_weights> load_hf(const fs::path& dir, const load_options& opt) {
     w.lm_head = w.embed;
     // A tied checkpoint may carry a copy of the embedding; transformers unties when it differs.
     if (shards.index.count("lm_head.weight")) {
-      LP_TRY_ASSIGN(head, take_named("lm_head.weight", {V, D}));
-      if (!torch::equal(head, w.embed))
+      LP_TRY_ASSIGN(head, take_named("lm_head.weight", {V, D}, sel.embed));
+      if (sel.embed && !torch::equal(head, w.embed))
         return make_error("{}: lm_head.weight differs from model.embed_tokens.weight although tie_word_embeddings is true",
                           dir.string());
     }
   } else {
-    LP_TRY_ASSIGN(head, take_named("lm_head.weight", {V, D}));
+    LP_TRY_ASSIGN(head, take_named("lm_head.weight", {V, D}, sel.head));
     w.lm_head = head;
   }
   // A tensor this architecture does not use means the config does not describe the checkpoint.
@@ -302,7 +321,7 @@ result<llama_weights> load_llama2c(const fs::path& path, const load_options& opt
   auto next = [&](std::vector<int64_t> shape) {
     int64_t k = 1;
     for (auto s : shape) k *= s;
-    auto t = all.slice(0, pos, pos + k).view(shape).clone();
+    auto t = all.slice(0, pos, pos + k).view(shape);  // a view of the mapping: cvt copies what is kept
     pos += k;
     return t;
   };
@@ -351,10 +370,14 @@ result<llama_weights> load_llama2c(const fs::path& path, const load_options& opt
   w.cfg.tie_word_embeddings = shared;
   w.dtype = opt.dtype;
   w.source = label;
-  auto cvt = [&](const at::Tensor& t) { return t.to(opt.dtype).contiguous(); };
+  LP_TRY_ASSIGN(sel, selection_of(opt, w.cfg));
+  bool keep = true;
+  auto cvt = [&](const at::Tensor& t) { return keep ? t.to(opt.dtype, false, /*copy=*/true).contiguous() : not_loaded(t.sizes(), opt.dtype); };
+  keep = sel.embed;
   w.embed = cvt(tok);
   for (int64_t l = 0; l < L; ++l) {
     if (opt.progress && !opt.progress(l, L)) return make_error("cancelled");
+    keep = sel.layer(l);
     layer_weights lw;
     lw[layer_slot::input_norm] = cvt(rms_att[l]);
     lw[layer_slot::post_attention_norm] = cvt(rms_ffn[l]);
@@ -367,13 +390,24 @@ result<llama_weights> load_llama2c(const fs::path& path, const load_options& opt
     lw[layer_slot::down] = cvt(w2[l]);
     w.layers.push_back(std::move(lw));
   }
+  keep = true;
   w.final_norm = cvt(rms_final);
+  keep = sel.head;
   w.lm_head = shared ? w.embed : cvt(cls);
   finish(w);
   return w;
 }
 
 }  // namespace
+
+bool weights_complete(const llama_weights& w) {
+  for (const auto* t : {&w.embed, &w.final_norm, &w.lm_head})
+    if (t->defined() && t->is_meta()) return false;
+  for (const auto& l : w.layers)
+    for (const auto& t : l.t)
+      if (t.defined() && t.is_meta()) return false;
+  return true;
+}
 
 result<llama_weights> load_llama(const fs::path& path, const load_options& opt) {
   std::error_code ec;

@@ -11,6 +11,7 @@
 #include <array>
 #include <utility>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -63,10 +64,24 @@ struct kv_cache {
   int64_t length = 0;
 };
 
+// Which frozen tensors to read (a pipeline rank needs only its own stages'). The others become meta
+// tensors of the right shape and dtype: shapes, byte counts and LoRA initialisation work, and any read
+// of their data throws instead of computing with something that was never loaded.
+struct weight_selection {
+  std::vector<bool> layers;  // per layer; empty: every layer
+  bool embed = true;         // the token embedding (and a tied head)
+  bool head = true;          // lm_head (the final norm is always read)
+  bool layer(int64_t l) const { return layers.empty() || layers.at(static_cast<size_t>(l)); }
+};
+
 struct load_options {
   at::ScalarType dtype;  // compute dtype: Float, BFloat16 or Half
   progress_fn progress = {};  // per layer loaded; false stops with "cancelled"
+  // Called with the model's config before any tensor is read; unset: read everything.
+  std::function<result<weight_selection>(const llama_config&)> select = {};
 };
+// Whether every frozen tensor holds data (false after a load that selected a part).
+bool weights_complete(const llama_weights& w);
 
 // Path: an HF folder (config.json + model.safetensors[.index.json]) or a llama2.c .bin file.
 result<llama_weights> load_llama(const std::filesystem::path& path, const load_options& opt);

@@ -208,7 +208,6 @@ result<pipeline_step_result> pipeline_executor::step(const std::vector<micro_bat
   if (pp.group != nullptr) {
     if (pp.rank_of.size() != s.devs.size()) return make_error("pipeline: a rank for each of the {} devices is needed", s.devs.size());
     if (s.po.async_optimizer) return make_error("pipeline: the asynchronous optimizer does not run over several processes");
-    if (!mbs.empty() && mbs[0].last_logits) return make_error("pipeline: forward-only programs run in one process");
   }
   for (size_t d = 0; d < s.devs.size(); ++d)
     if ((s.devs[d] == nullptr) == s.local(static_cast<int32_t>(d)))

@@ -21,6 +21,8 @@ void impl::worker(int32_t d, const std::vector<micro_batch>& mbs, double lr, dou
     if (po.probe) po.probe("pipeline:instruction");
     if (cancel_requested(po.cancel) && !cancel_between_steps_only() && cancel_before_update()) throw aborted{};
     execute(c, in);
+    if (po.processes.group != nullptr)  // what the other ranks' errors name should this process die
+      po.processes.group->report_done(d, fmt::format("{} completed {} ({} of {})", dev.name(), instr_to_text(in), i, prog.devices[d].size()));
   }
   if (!c.stash.empty()) throw lorapipe_error(fmt::format("{}: {} graphs left without backward", dev.name(), c.stash.size()));
 }

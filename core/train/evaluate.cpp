@@ -22,7 +22,8 @@ thread_count_scope::thread_count_scope(int64_t requested) : before_(at::get_num_
 thread_count_scope::~thread_count_scope() { at::set_num_threads(before_); }
 
 namespace {
-result<llama_weights> load_weights(const project_config& cfg, observer& obs, const cancel_token* cancel) {
+result<llama_weights> load_weights(const project_config& cfg, observer& obs, const cancel_token* cancel,
+                                   const std::function<result<weight_selection>(const llama_config&)>& select) {
   LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg.model.dtype));
   const fs::path model_path = cfg.resolve(cfg.model.path);
   load_options lo{dtype};
@@ -30,14 +31,16 @@ result<llama_weights> load_weights(const project_config& cfg, observer& obs, con
     obs.on_event(phase_event{phase::loading_model, done, total, 0, model_path.string()});
     return !cancel_requested(cancel);
   };
+  lo.select = select;
   return load_llama(model_path, lo);
 }
 }  // namespace
 
 result<project_inputs> load_project_inputs(const project_config& cfg, observer& obs, const cancel_token* cancel,
-                                           const llama_weights* preloaded) {
+                                           const llama_weights* preloaded,
+                                           const std::function<result<weight_selection>(const llama_config&)>& select) {
   const fs::path model_path = cfg.resolve(cfg.model.path);
-  LP_TRY_ASSIGN(w, preloaded != nullptr ? result<llama_weights>(*preloaded) : load_weights(cfg, obs, cancel));
+  LP_TRY_ASSIGN(w, preloaded != nullptr ? result<llama_weights>(*preloaded) : load_weights(cfg, obs, cancel, select));
   const fs::path tok_path = cfg.tokenizer.path.empty() ? model_path : cfg.resolve(cfg.tokenizer.path);
   LP_TRY_ASSIGN(tok, load_tokenizer(tok_path));
   if (tok->vocab_size() > w.cfg.vocab_size)

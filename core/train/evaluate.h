@@ -48,9 +48,10 @@ struct project_inputs {
 // Emits phase events (loading_model per layer, tokenizing per batch of examples); a cancel request
 // returns the error "cancelled". `preloaded`: weights already in memory for this model.path and
 // model.dtype (a model session's), shared instead of loaded again (the frozen tensors are never
-// written).
+// written). `select`: which frozen tensors to read (load_options::select; a pipeline rank's own).
 result<project_inputs> load_project_inputs(const project_config& cfg, observer& obs, const cancel_token* cancel,
-                                           const llama_weights* preloaded = nullptr);
+                                           const llama_weights* preloaded = nullptr,
+                                           const std::function<result<weight_selection>(const llama_config&)>& select = {});
 
 // Inputs and labels (i64 [B,T] each) of the given windows; labels -100 where the mask says untrained.
 std::pair<at::Tensor, at::Tensor> make_batch(const token_windows& w, const std::vector<int64_t>& idx);

@@ -10,12 +10,13 @@
 #include "core/pipeline/cost_model.h"
 #include "core/pipeline/partition_search.h"
 #include "core/pipeline/transport.h"
+#include "offload/process_group.h"
 
 namespace lorapipe {
 
 namespace {
 
-plan_event describe_plan(const program& prog, const std::vector<compute_device*>& devs, const std::vector<weight_arena_plan>& arenas,
+plan_event describe_plan(const program& prog, const std::vector<device_facts>& devs, const std::vector<weight_arena_plan>& arenas,
                          const std::vector<size_t>& stage_bytes, const std::vector<link_transport>& links, const sim_result& sim) {
   plan_event pe;
   pe.schedule = prog.schedule;
@@ -31,7 +32,7 @@ plan_event describe_plan(const program& prog, const std::vector<compute_device*>
                          static_cast<int64_t>(stage_bytes[s])});
   }
   for (size_t d = 0; d < devs.size(); ++d)
-    pe.arenas.push_back({devs[d]->name(), static_cast<int64_t>(arenas[d].bytes), arenas[d].max_stages,
+    pe.arenas.push_back({devs[d].name, static_cast<int64_t>(arenas[d].bytes), arenas[d].max_stages,
                          static_cast<int64_t>(arenas[d].slot_bytes)});
   for (const auto& l : links) pe.links.push_back({l.from, l.to, transport_name(l.kind), l.reason});
   pe.simulated_step_s = sim.makespan_s;
@@ -58,21 +59,70 @@ result<cpu_device_options> device_options_of(const project_config& cfg) {
   return o;
 }
 
+std::vector<int> rank_of_positions(int64_t devices, int world) {
+  std::vector<int> out;
+  for (int64_t d = 0; d < devices; ++d) out.push_back(static_cast<int>(d * world / devices));
+  return out;
+}
+
+result<weight_selection> rank_weight_selection(const project_config& cfg_in, const llama_config& mc, int rank, int world) {
+  LP_TRY_ASSIGN(cfg, resolve_auto_schedule(cfg_in, mc, auto_schedule_gflops));
+  LP_TRY_ASSIGN(prog, project_program(cfg, mc, auto_schedule_gflops));
+  const auto rank_of = rank_of_positions(static_cast<int64_t>(prog.devices.size()), world);
+  weight_selection sel;
+  sel.layers.assign(static_cast<size_t>(mc.num_layers), false);
+  sel.embed = sel.head = false;
+  for (size_t d = 0; d < prog.devices.size(); ++d) {
+    if (rank_of[d] != rank) continue;
+    for (const auto& in : prog.devices[d]) {
+      if (in.kind != op::forward && in.kind != op::backward && in.kind != op::recompute && in.kind != op::prefetch_weights) continue;
+      const stage_def& st = prog.stages.at(static_cast<size_t>(in.stage));
+      for (int32_t l = st.first_layer; l < st.last_layer; ++l) sel.layers[static_cast<size_t>(l)] = true;
+      sel.embed = sel.embed || st.has_embed;
+      sel.head = sel.head || st.has_head;
+    }
+  }
+  return sel;
+}
+
+std::string describe_weight_selection(const weight_selection& sel) {
+  std::vector<std::string> parts;
+  for (size_t l = 0; l < sel.layers.size();) {
+    if (!sel.layers[l]) {
+      ++l;
+      continue;
+    }
+    size_t e = l;
+    while (e < sel.layers.size() && sel.layers[e]) ++e;
+    parts.push_back(e - l == 1 ? fmt::format("{}", l) : fmt::format("{}-{}", l, e - 1));
+    l = e;
+  }
+  return fmt::format("layers {}{}{}", parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ",")), sel.embed ? ", embedding" : "",
+                     sel.head ? ", head" : "");
+}
+
 result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
                                     const pipeline_options& base) {
   obs.on_event(phase_event{phase::building_pipeline, 0, 0, 0, cfg.parallel.devices});
   pipeline_rig rig;
+  rig.group = base.processes.group;
   LP_TRY_ASSIGN(dopts, device_options_of(cfg));
-  LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts));
+  LP_TRY_ASSIGN(all_facts, describe_devices(cfg.parallel.devices));
+  std::vector<bool> here(all_facts.size(), true);  // several processes: this rank's positions only
+  if (rig.group != nullptr)
+    for (size_t d = 0; d < here.size(); ++d) here[d] = base.processes.rank_of.at(d) == rig.group->rank();
+  LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts, here));
   rig.devices = std::move(devs);
   const schedule_options so = schedule_options_of(cfg);
   auto prog = project_program(cfg, w.cfg, auto_schedule_gflops);
   if (!prog) return prog.err();
   const auto check = simulate(*prog, uniform_costs(*prog, 1.0, 2.0));
   if (!check.ok) return make_error("parallel.schedule: generated program is invalid: {}\n{}", check.error, check.grid);
-  std::vector<compute_device*> raw;
+  std::vector<compute_device*> raw;  // null: a device of another process
   for (auto& d : rig.devices) raw.push_back(d.get());
-  const auto facts = facts_of(raw);
+  std::vector<device_facts> facts = all_facts;
+  for (size_t d = 0; d < raw.size(); ++d)
+    if (raw[d] != nullptr) facts[d] = {raw[d]->name(), raw[d]->gpu()};
   LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available()));
   if (cfg.parallel.transport == "nccl") {
     // NCCL moves data only when both ends have posted, in each communicator's order: check that the
@@ -97,29 +147,24 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   po.memory = std::make_shared<const memory_plan>(project_memory_plan(*prog, w.cfg, cfg, auto_schedule_gflops));
   // The watchdog guards GPU waits (a peer that never posts, a hung driver); on CPU virtual devices an
   // instruction of a large model may legitimately take longer than any fixed bound.
-  const bool gpus = std::any_of(raw.begin(), raw.end(), [](const compute_device* d) { return d->gpu() >= 0; });
+  const bool gpus = std::any_of(facts.begin(), facts.end(), [](const device_facts& f) { return f.gpu >= 0; });
   if (!gpus) po.watchdog_s = 0;
   po.on_watchdog = [&obs](const std::string& m) { obs.on_event(log_event{log_event::level::error, m}); };
   if (po.async_optimizer)
     obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});
   const auto stage_bytes = stage_weight_bytes(*prog, w.cfg, static_cast<size_t>(w.embed.element_size()));
   const program kept = *prog;
-  // Several processes: the executor gets this rank's device positions only (its evaluator none:
-  // validation and samples then run on the host weights, on every rank alike).
-  std::vector<compute_device*> here = raw;
-  if (po.processes.group != nullptr)
-    for (size_t d = 0; d < here.size(); ++d)
-      if (po.processes.rank_of.at(d) != po.processes.group->rank()) here[d] = nullptr;
+  // Several processes: both executors get this rank's device positions only (null elsewhere).
   rig.executor = std::make_unique<pipeline_executor>(
-      w, lora, std::move(*prog), here,
+      w, lora, std::move(*prog), raw,
       adamw_config{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay}, po);
   pipeline_options eval_po;
   eval_po.transports = links;
   eval_po.watchdog_s = po.watchdog_s;
-  if (po.processes.group == nullptr)
-    rig.evaluator = std::make_unique<pipeline_executor>(w, lora, forward_only(kept), raw, adamw_config{}, eval_po);
+  eval_po.processes = po.processes;
+  rig.evaluator = std::make_unique<pipeline_executor>(w, lora, forward_only(kept), raw, adamw_config{}, eval_po);
   rig.bubble_ratio = check.bubble_ratio;
-  rig.plan = describe_plan(kept, raw, rig.executor->weight_plan(), stage_bytes, links, check);
+  rig.plan = describe_plan(kept, facts, rig.executor->weight_plan(), stage_bytes, links, check);
   std::string arenas;
   for (const auto& a : rig.plan.arenas)
     arenas += fmt::format("{}{} {:.2f} MiB ({} stage(s) at once{})", arenas.empty() ? "" : "; ", a.device, a.bytes / 1048576.0,
@@ -129,7 +174,7 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
     const memory_plan& mem = *po.memory;
     std::string peaks;
     for (size_t d = 0; d < mem.devices.size() && d < raw.size(); ++d)
-      peaks += fmt::format("{}{} {:.2f} MiB", peaks.empty() ? "" : "; ", raw[d]->name(), mem.devices[d].peak_bytes / 1048576.0);
+      peaks += fmt::format("{}{} {:.2f} MiB", peaks.empty() ? "" : "; ", facts[d].name, mem.devices[d].peak_bytes / 1048576.0);
     obs.on_event(log_event{log_event::level::info, "memory plan: device peaks " + peaks + " (checked before the first step allocates)"});
   }
   obs.on_event(rig.plan);
@@ -190,8 +235,14 @@ std::vector<int32_t> pipeline_greedy(pipeline_rig& rig, const std::vector<int32_
     std::vector<micro_batch> mbs(static_cast<size_t>(m), micro_batch{tokens, at::Tensor(), 0.0, 0, /*last_logits=*/true});
     auto r = rig.evaluator->step(mbs, 0.0, 0.0, false);
     if (!r) throw lorapipe_error("sampling on the pipeline: " + r.message());
-    if (r->last_logits.empty()) throw lorapipe_error("sampling on the pipeline: the head returned no logits");
-    const auto id = static_cast<int32_t>(r->last_logits.front().argmax(-1).item<int64_t>());  // f32 [1,V] -> id
+    int32_t id = -1;
+    if (!r->last_logits.empty()) id = static_cast<int32_t>(r->last_logits.front().argmax(-1).item<int64_t>());  // f32 [1,V] -> id
+    if (rig.group != nullptr) {  // the head's rank has the logits: its token, to every rank (the others add 0)
+      at::Tensor shared = torch::full({1}, static_cast<double>(id + 1), torch::kDouble);  // f64 [1]
+      if (auto st = rig.group->all_reduce_sum(shared); !st.ok()) throw lorapipe_error("sampling on the pipeline: " + st.message());
+      id = static_cast<int32_t>(shared.item<double>()) - 1;
+    }
+    if (id < 0) throw lorapipe_error("sampling on the pipeline: the head returned no logits");
     out.push_back(id);
     seq.push_back(id);
     if (id == stop_id || (on_token && !on_token(id))) break;

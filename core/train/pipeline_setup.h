@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/base/events.h"
@@ -22,12 +23,22 @@ struct pipeline_rig {
   std::unique_ptr<pipeline_executor> evaluator;  // forward_only(program) on the same devices: validation
   plan_event plan;
   double bubble_ratio = -1;  // simulated with unit costs
+  process_group* group = nullptr;  // several processes: the one the executors share
 };
 
 // The options of the project's devices: capacity (offload.device_memory_mb), copy throttle, threads,
 // speeds, pinned budget. Errors name the field.
 result<cpu_device_options> device_options_of(const project_config& cfg);
 
+// Several processes: device position d runs in rank d * world / devices (contiguous blocks).
+std::vector<int> rank_of_positions(int64_t devices, int world);
+// The frozen tensors rank `rank` computes with: the layers (and embedding, head) of every stage that
+// one of its device positions runs, in the program the project resolves to for this model.
+result<weight_selection> rank_weight_selection(const project_config& cfg, const llama_config& mc, int rank, int world);
+std::string describe_weight_selection(const weight_selection& sel);  // "layers 0-2, embedding"
+
+// Several processes (base.processes): only this rank's devices are created (the others are null in
+// `devices`), and the evaluator runs its forward half over the same processes.
 result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weights& w, lora_adapters& lora, observer& obs,
                                     const pipeline_options& base);
 
@@ -36,7 +47,8 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
 // are all ignored). Call release_weights() on the training executor before a validation's first batch
 // and on the evaluator after its last (pipeline_validation does both). Throws on failure.
 double pipeline_batch_loss(pipeline_rig& rig, const at::Tensor& x, const at::Tensor& y, int64_t batch);
-// Greedy generation on the pipeline devices (the run's samples when it trains on GPUs): each new token
+// Greedy generation on the pipeline devices (the run's samples when it trains on GPUs; over several
+// processes every rank calls it and gets the head rank's tokens): each new token
 // is the argmax of the last position's logits from the forward-only program over the whole sequence
 // so far (no KV cache: every micro-batch slot carries the same sequence). Stops after max_new tokens,
 // after stop_id, at the context length, or when on_token returns false. Call inside a

@@ -15,6 +15,7 @@
 #include "core/data/dataset.h"
 #include "core/model/lora.h"
 #include "core/model/optimizer.h"
+#include "core/model/tensor_io.h"
 #include "core/pipeline/cost_model.h"
 #include "core/train/evaluate.h"
 #include "core/train/pipeline_setup.h"
@@ -51,7 +52,7 @@ class trainer {
     fs::create_directories(out_dir_, ec);
     if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message());
     if (rank() == 0) LP_TRY(write_file_atomic(out_dir_ / "project.json", project_to_json(cfg_)));
-    auto loaded = load_project_inputs(cfg_, obs_, cancel_, opts_.preloaded);
+    auto loaded = load_project_inputs(cfg_, obs_, cancel_, opts_.preloaded, weight_selector());
     if (!loaded && is_cancelled(loaded.err())) return stopped_before_training();
     if (!loaded) return loaded.err();
     in_ = std::make_unique<project_inputs>(std::move(*loaded));
@@ -79,6 +80,17 @@ class trainer {
 
  private:
   int rank() const { return opts_.group != nullptr ? opts_.group->rank() : 0; }
+  // Several processes: each rank reads only the frozen tensors of the stages its devices run.
+  std::function<result<weight_selection>(const llama_config&)> weight_selector() {
+    if (opts_.group == nullptr || cfg_.parallel.schedule == "single") return {};
+    return [this](const llama_config& mc) -> result<weight_selection> {
+      LP_TRY_ASSIGN(sel, rank_weight_selection(cfg_, mc, opts_.group->rank(), opts_.group->world()));
+      obs_.on_event(log_event{log_event::level::info, fmt::format("rank {} loads {} of {} layers: {}", opts_.group->rank(),
+                                                                  std::count(sel.layers.begin(), sel.layers.end(), true),
+                                                                  mc.num_layers, describe_weight_selection(sel))});
+      return sel;
+    };
+  }
   // Several processes: every stage's LoRA weights and AdamW state onto every rank (all call it at the
   // same points of the loop: before validating, sampling, checkpointing and saving).
   // A stop request, between steps. Several processes: decided together (any rank asked: all stop at
@@ -89,6 +101,10 @@ class trainer {
     at::Tensor flag = torch::full({1}, cancel_requested(cancel_) ? 1.0 : 0.0, torch::kDouble);  // f64 [1]
     if (auto st = opts_.group->all_reduce_sum(flag); !st.ok()) throw lorapipe_error(st.message());
     return flag.item<double>() > 0;
+  }
+  // Several processes: what this rank is doing, named in the others' errors should it die.
+  void report(const std::string& what) {
+    if (opts_.group != nullptr) opts_.group->report_context(what);
   }
   const cancel_token* inner_cancel() const { return opts_.group != nullptr ? nullptr : cancel_; }
 
@@ -182,8 +198,7 @@ class trainer {
     po.cancel = opts_.group != nullptr ? nullptr : cancel_;  // several processes: decided together (stop_requested)
     po.probe = opts_.probe;
     if (opts_.group != nullptr) {  // contiguous blocks of device positions, one per rank
-      const int64_t n = device_count(cfg_.parallel.devices), world = opts_.group->world();
-      for (int64_t d = 0; d < n; ++d) po.processes.rank_of.push_back(static_cast<int>(d * world / n));
+      po.processes.rank_of = rank_of_positions(device_count(cfg_.parallel.devices), opts_.group->world());
       po.processes.group = opts_.group;
     }
     LP_TRY_ASSIGN(rig, build_pipeline(cfg_, in_->weights, lora_, obs_, po));
@@ -235,6 +250,7 @@ class trainer {
 
   // The before/after sample: greedy, on the pipeline devices when training runs there.
   std::string sample(int64_t at, const cancel_token* cancel) {
+    report(fmt::format("sample at step {}", at));
     gather();
     if (!rig_.evaluator) return sample_text(in_->weights, lora_, *in_->tok, cfg_, obs_, at, cancel);
     pipeline_validation scope(rig_);
@@ -246,6 +262,7 @@ class trainer {
 
   // Validation at `at`; a stop during it leaves eval_pending set for the checkpoint.
   double validate(int64_t at) {
+    report(fmt::format("validation at step {}", at));
     gather();
     eval_pending_ = true;
     // On the pipeline devices when training runs there (the same program's forward half); on the host
@@ -254,7 +271,7 @@ class trainer {
       if (!rig_.evaluator)
         return evaluate_windows(in_->weights, &lora_, in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, inner_cancel());
       pipeline_validation scope(rig_);
-      return evaluate_windows(in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, cancel_,
+      return evaluate_windows(in_->data.val, cfg_.run.batch_size, cfg_.run.eval_batches, obs_, at, inner_cancel(),
                               [&](const at::Tensor& x, const at::Tensor& y) {
                                 return pipeline_batch_loss(rig_, x, y, cfg_.run.batch_size);
                               });
@@ -284,6 +301,7 @@ class trainer {
       const auto t0 = clock_type::now();
       const double lr = sched_.at(step_);
       const int64_t cursor_before = cursor_;
+      report(fmt::format("training step {} of {}", step_ + 1, total_steps_));
       auto numbers = rig_.executor ? pipeline_step(lr) : single_step(lr);
       if (!numbers && is_cancelled(numbers.err())) {  // the step is discarded whole; its data comes again on resume
         cursor_ = cursor_before;
@@ -322,12 +340,14 @@ class trainer {
       mbs.push_back({xs[i].contiguous(), ys[i].contiguous(), scale,
                      dropout_key(static_cast<uint64_t>(cfg_.run.seed), step_, static_cast<int64_t>(i))});
     if (!memory_checked_)  // the first step alone: not the validation or sample before it
-      for (auto& d : rig_.devices) d->reset_measured_peak();
+      for (auto& d : rig_.devices)
+        if (d) d->reset_measured_peak();
     LP_TRY_ASSIGN(r, rig_.executor->step(mbs, lr, cfg_.optimizer.grad_clip));
     if (!memory_checked_) {  // GPUs: the plan against what the allocator really held, once
       memory_checked_ = true;
       std::vector<compute_device*> raw;
-      for (auto& d : rig_.devices) raw.push_back(d.get());
+      for (auto& d : rig_.devices)
+        if (d) raw.push_back(d.get());  // several processes: each rank checks its own
       for (const auto& w : memory_plan_warnings(raw)) obs_.on_event(log_event{log_event::level::warning, w});
     }
     if (cfg_.run.trace_interval > 0 && (step_ + 1) % cfg_.run.trace_interval == 0)
@@ -369,6 +389,7 @@ class trainer {
   // Seals the state after `at` steps: the run database first gets everything reported so far.
   status write_checkpoint(int64_t at) {
     if (at == checkpointed_step_ && !eval_pending_) return ok_status();
+    report(fmt::format("checkpoint at step {}", at));
     gather();
     if (opts_.checkpoint_root.empty() || rank() != 0) {  // (the ranks keep the same bookkeeping)
       checkpointed_step_ = at;
@@ -434,7 +455,13 @@ class trainer {
     LP_TRY(save_peft_adapter(lora_, out_dir_ / "adapter"));
     if (cfg_.run.save_merged) {
       obs_.on_event(phase_event{phase::exporting, 0, 0, step_, (out_dir_ / "merged").string()});
-      LP_TRY(export_merged(in_->weights, lora_, out_dir_ / "merged", in_->tok_path));
+      if (weights_complete(in_->weights)) {
+        LP_TRY(export_merged(in_->weights, lora_, out_dir_ / "merged", in_->tok_path));
+      } else {  // several processes: this rank read only its stages' weights; the export needs them all
+        LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg_.model.dtype));
+        LP_TRY_ASSIGN(full, load_llama(cfg_.resolve(cfg_.model.path), load_options{dtype}));
+        LP_TRY(export_merged(full, lora_, out_dir_ / "merged", in_->tok_path));
+      }
     }
     nlohmann::json s = {{"steps", sum_.steps},
                         {"first_val_loss", sum_.first_val_loss},

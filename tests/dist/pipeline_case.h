@@ -30,9 +30,32 @@ struct outcome {
 inline int rank_of_device(int d, int devices, int world) { return d * world / devices; }
 
 // `die_before_step` >= 0: this process SIGKILLs itself when that step begins (a rank lost mid-run).
+// Over several processes each rank reads only the frozen tensors of the stages its devices compute
+// (the others are meta tensors: any use of them would throw) and creates only its own devices.
 inline result<outcome> run(const std::string& data_dir, const std::string& schedule, int devices, int steps,
                            process_group* group, int die_before_step = -1) {
-  const auto w = load_llama(data_dir + "/models/stories260K/hf", {at::kFloat});
+  const int world = group != nullptr ? group->world() : 1, rank = group != nullptr ? group->rank() : 0;
+  schedule_options so;
+  so.devices = devices;
+  so.micro_batches = 4;
+  LP_TRY_ASSIGN(prog, make_schedule(schedule, 5, so));
+  std::vector<bool> here;
+  for (int d = 0; d < devices; ++d) here.push_back(rank_of_device(d, devices, world) == rank);
+  load_options lo{at::kFloat};
+  if (group != nullptr)
+    lo.select = [&](const llama_config& mc) -> result<weight_selection> {
+      weight_selection sel{std::vector<bool>(static_cast<size_t>(mc.num_layers), false), false, false};
+      for (int d = 0; d < devices; ++d)
+        for (const auto& in : prog.devices[static_cast<size_t>(d)])
+          if (here[static_cast<size_t>(d)] && (in.kind == op::forward || in.kind == op::backward || in.kind == op::recompute)) {
+            const auto& st = prog.stages[static_cast<size_t>(in.stage)];
+            for (int32_t l = st.first_layer; l < st.last_layer; ++l) sel.layers[static_cast<size_t>(l)] = true;
+            sel.embed = sel.embed || st.has_embed;
+            sel.head = sel.head || st.has_head;
+          }
+      return sel;
+    };
+  const auto w = load_llama(data_dir + "/models/stories260K/hf", lo);
   if (!w.ok()) return w.err();
   torch::manual_seed(3);
   const auto t = torch::randint(3, 512, {8, 33}, torch::kLong);  // i64 [8,33]
@@ -47,21 +70,17 @@ inline result<outcome> run(const std::string& data_dir, const std::string& sched
     auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
     for (auto& p : lora.parameters()) p.uniform_(-0.2, 0.2, gen);  // non-zero B: every gradient is non-trivial
   }
-  schedule_options so;
-  so.devices = devices;
-  so.micro_batches = 4;
-  LP_TRY_ASSIGN(prog, make_schedule(schedule, 5, so));
   cpu_device_options dopt;
   dopt.compute_threads = 1;
-  LP_TRY_ASSIGN(owned, make_devices(fmt::format("cpu:{}", devices), dopt));
+  LP_TRY_ASSIGN(owned, make_devices(fmt::format("cpu:{}", devices), dopt, here));
   pipeline_options po;
   std::vector<compute_device*> devs;
   outcome out;
-  const int world = group != nullptr ? group->world() : 1, rank = group != nullptr ? group->rank() : 0;
   for (int d = 0; d < devices; ++d) {
     const int r = rank_of_device(d, devices, world);
     po.processes.rank_of.push_back(r);
-    devs.push_back(r == rank ? owned[static_cast<size_t>(d)].get() : nullptr);
+    devs.push_back(owned[static_cast<size_t>(d)].get());
+    if ((devs.back() != nullptr) != (r == rank)) return make_error("make_devices created device {} {}", d, r == rank ? "not" : "elsewhere");
   }
   po.processes.group = group;
   for (int d = 0; d < devices; ++d)

@@ -117,6 +117,8 @@ TEST(DistPipeline, ARankKilledMidRunFailsTheStepNamingIt) {
   const double took = std::chrono::duration<double>(clk::now() - t0).count();
   ASSERT_FALSE(m.rank0.ok());
   EXPECT_NE(m.rank0.message().find("rank 1"), std::string::npos) << m.rank0.message();
+  // The dead rank's last report: an instruction of its device completed in step 0.
+  EXPECT_NE(m.rank0.message().find("rank 1 last reported: cpu:1 completed "), std::string::npos) << m.rank0.message();
   std::printf("rank 1 killed before step 1: rank 0 after %.2f s: %s\n", took, m.rank0.message().c_str());
   EXPECT_LT(took, 5.0 + 15.0);
   EXPECT_EQ(m.peers[0]->wait(std::chrono::seconds(10)).value_or(-1000), -SIGKILL);

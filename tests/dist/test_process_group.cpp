@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -119,13 +120,27 @@ std::pair<status, double> timed_recv_from_1(process_group& g) {
 }
 }  // namespace
 
+namespace {
+// Until rank r's progress report has reached the store (a hanging peer reports, then sleeps).
+std::string await_report(process_group& g, int r) {
+  const auto end = clk::now() + std::chrono::seconds(10);
+  std::string t;
+  while ((t = g.last_report(r)).empty() && clk::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return t;
+}
+}  // namespace
+
 TEST(ProcessGroup, AKilledRankIsNamedWithinTheTimeout) {
   world_of w("hang", 2, 5000);
   ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  EXPECT_EQ(await_report(**w.rank0, 1), "hanging as asked (rank 1): cpu:1 completed F s0 m1");
   w.peers[0]->kill();
   auto [s, took] = timed_recv_from_1(**w.rank0);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("receive from rank 1"), std::string::npos) << s.message();
+  // What the dead rank did last, from its report in the store.
+  EXPECT_NE(s.message().find("(rank 1 last reported: hanging as asked (rank 1): cpu:1 completed F s0 m1)"), std::string::npos)
+      << s.message();
   std::printf("killed rank, after %.2f s: %s\n", took, s.message().c_str());
   EXPECT_LT(took, 5.0 + 5.0) << s.message();  // the timeout, with a wide margin for a loaded machine
   EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(5)).value_or(-1000), -SIGKILL);
@@ -134,6 +149,8 @@ TEST(ProcessGroup, AKilledRankIsNamedWithinTheTimeout) {
 TEST(ProcessGroup, ARankKilledBeforeACollectiveIsNamed) {
   world_of w("hang", 3, 5000);
   ASSERT_TRUE(w.rank0.ok()) << w.rank0.message();
+  EXPECT_FALSE(await_report(**w.rank0, 1).empty());
+  EXPECT_FALSE(await_report(**w.rank0, 2).empty());
   w.peers[1]->kill();  // rank 2
   (void)w.peers[1]->wait(std::chrono::seconds(5));
   w.peers[0]->kill();  // rank 1 as well: rank 0 is the only survivor
@@ -143,7 +160,10 @@ TEST(ProcessGroup, ARankKilledBeforeACollectiveIsNamed) {
   auto s = (*w.rank0)->all_reduce_sum(sum);
   const double took = std::chrono::duration<double>(clk::now() - t0).count();
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("ranks 1, 2 are gone"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("ranks 1, 2 are gone (no word from them after the failure; rank 1 last reported: hanging as asked (rank 1): "
+                             "cpu:1 completed F s0 m1; rank 2 last reported: hanging as asked (rank 2): cpu:2 completed F s0 m1)"),
+            std::string::npos)
+      << s.message();
   std::printf("collective after two ranks were killed, after %.2f s: %s\n", took, s.message().c_str());
   EXPECT_LT(took, 5.0 + 8.0);
 }
