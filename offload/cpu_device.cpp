@@ -108,12 +108,15 @@ bool nccl_available() {
 #endif
 }
 
-status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links) {
+status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links,
+                   process_group* group, const std::vector<int>& rank_of) {
 #ifdef LORAPIPE_HAS_NCCL
-  return enable_cuda_nccl(devices, links);
+  return enable_cuda_nccl(devices, links, group, rank_of);
 #else
   (void)devices;
   (void)links;
+  (void)group;
+  (void)rank_of;
   return make_error("parallel.transport: nccl: this build has no NCCL (configure with LORAPIPE_WITH_CUDA=ON)");
 #endif
 }

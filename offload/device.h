@@ -27,6 +27,7 @@ namespace lorapipe {
 
 
 struct weight_region;  // the preallocated memory behind a weight arena (device.cpp)
+class process_group;   // offload/process_group.h
 
 // One block of a weight arena, allocated by place_weights on the worker thread (so placement follows
 // program order) and filled by upload_weights on the weight-upload engine. The block goes back to
@@ -192,7 +193,13 @@ bool nccl_available();
 // ends and connected by one tiny exchange here, so a link's operations wait only on each other: what
 // the simulator's rendezvous semantics check before a run (sim_costs::rendezvous). CUDA devices on
 // distinct GPUs only.
-status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links);
+// Several processes (group; rank_of: the rank of each device position; devices of other processes
+// are null): a link with one end here gets this end of a two-rank communicator shared with the
+// other process (the sender's NCCL id passes through the group's store; every process walks the
+// links in the same order, so the blocking initialisations pair up); links with no end here are
+// skipped. GPUs must be distinct within each process.
+status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links,
+                   process_group* group = nullptr, const std::vector<int>& rank_of = {});
 
 // After a step: per GPU, the arena peaks the plan charged its pipeline devices against the allocator
 // peak plus their weight arenas (plan_drift_warning); resets the measured peaks.

@@ -371,12 +371,12 @@ void impl::send(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t p
       fail_on(*to, e);
     }
   };
-  if (crosses_process(c.d, peer)) return send_to_rank(c, t, peer, process_tag(kind, boundary, m));
   const transport_kind link = link_kind(c.d, peer);
-  if (link == transport_kind::nccl) {
+  if (link == transport_kind::nccl) {  // also to another process: the link's communicator spans both
     c.dev.nccl_send(peer, t.get());
     return;
   }
+  if (crosses_process(c.d, peer)) return send_to_rank(c, t, peer, process_tag(kind, boundary, m));
   if (link == transport_kind::peer) {  // not gated: one copy, driven by the sender
     c.outgoing.push_back(
         c.dev.download().submit(bytes, [t, from, to, deliver] { deliver([&] { return to->copy_from_peer(*from, t.get()); }); }));
@@ -416,18 +416,18 @@ void impl::send_to_rank(worker_ctx& c, async_tensor t, int32_t peer, int tag) {
 
 void impl::recv(worker_ctx& c, char kind, int32_t boundary, int32_t m, int32_t from) {
   const char slot = kind == 'A' ? 'a' : 'g';
-  if (crosses_process(from, c.d)) {  // activations and gradients: [b,T,D] in the compute dtype
+  if (link_kind(from, c.d) == transport_kind::nccl) {  // activations and gradients: [b,T,D] in the compute dtype
+    const auto& tok = c.mbs[m].tokens;
+    keep(c, slot, boundary, m, c.dev.nccl_recv(from, {tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.scalar_type()));
+    return;
+  }
+  if (crosses_process(from, c.d)) {  // through host memory and Gloo
     const auto& tok = c.mbs[m].tokens;
     at::Tensor host = at::empty({tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.options().device(at::kCPU));
     if (auto st = po.processes.group->recv(host, po.processes.rank_of[static_cast<size_t>(from)], process_tag(kind, boundary, m)); !st.ok())
       throw lorapipe_error(fmt::format("{}: {} (waiting for {} of boundary {}, micro-batch {})", c.dev.name(), st.message(),
                                        kind == 'A' ? "the activation" : "the gradient", boundary, m));
     keep(c, slot, boundary, m, c.dev.copy_in(host));
-    return;
-  }
-  if (link_kind(from, c.d) == transport_kind::nccl) {  // activations and gradients: [b,T,D] in the compute dtype
-    const auto& tok = c.mbs[m].tokens;
-    keep(c, slot, boundary, m, c.dev.nccl_recv(from, {tok.size(0), tok.size(1), w.cfg.hidden_size}, w.embed.scalar_type()));
     return;
   }
   std::unique_lock lock(mu);

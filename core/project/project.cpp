@@ -245,7 +245,6 @@ status validate_project(const project_config& c) {
          fmt::format("{} processes need a pipeline schedule on at least as many devices (parallel.devices {})", c.distributed.processes,
                      c.parallel.devices));
     need(!c.optimizer.asynchronous, "distributed.processes", "cannot be combined with optimizer.asynchronous");
-    need(c.parallel.transport != "nccl", "distributed.processes", "cannot be combined with parallel.transport nccl yet");
   }
   {
     const auto colon = c.distributed.rendezvous.rfind(':');

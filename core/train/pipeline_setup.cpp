@@ -132,7 +132,7 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
     const auto rendezvous = simulate(*prog, nc);
     if (!rendezvous.ok)
       return make_error("parallel.transport: nccl: the program would deadlock: {}\n{}", rendezvous.error, rendezvous.grid);
-    LP_TRY(enable_nccl(raw, nc.rendezvous));
+    LP_TRY(enable_nccl(raw, nc.rendezvous, base.processes.group, base.processes.rank_of));
   }
   obs.on_event(log_event{log_event::level::info,
                          fmt::format("pipeline: {} on {} ({} stages of {} layers, {} micro-batches; weights {}, activations {})",

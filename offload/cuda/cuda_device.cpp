@@ -22,6 +22,7 @@
 #include "offload/cuda/cuda_resources.h"
 #ifdef LORAPIPE_HAS_NCCL
 #include "offload/cuda/nccl_comm.h"
+#include "offload/process_group.h"
 #endif
 
 namespace lorapipe {
@@ -264,11 +265,57 @@ bool cuda_peer_access(int from_gpu, int to_gpu) {
   return false;
 }
 
-status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links) {
 #ifdef LORAPIPE_HAS_NCCL
-  std::vector<cuda_device*> cd;
+namespace {
+// This process's end of link from -> to, whose other end runs in another process: a two-rank
+// communicator (sender rank 0) from the sender's NCCL id, passed through the process group's store,
+// connected by one tiny exchange.
+status connect_remote_link(cuda_device& here, bool sender, int32_t from, int32_t to, int peer_rank, process_group& group) {
+  const std::string key = fmt::format("nccl-id/{}-{}", from, to);
+  ncclUniqueId id;
+  if (sender) {
+    LP_NCCL_CHECK(ncclGetUniqueId(&id));
+    LP_TRY(group.store_set(key, std::string(reinterpret_cast<const char*>(&id), sizeof id)));
+  } else {
+    auto got = group.store_get(key);  // waits up to the group's timeout
+    if (!got) return make_error("parallel.transport: nccl: link {} -> {}: no NCCL id from rank {}: {}", from, to, peer_rank, got.message());
+    if (got->size() != sizeof id) return make_error("parallel.transport: nccl: link {} -> {}: malformed NCCL id", from, to);
+    std::memcpy(&id, got->data(), sizeof id);
+  }
+  const int me = sender ? 0 : 1;
+  auto comms = std::make_shared<cuda::nccl_comms>(2, me, here.gpu(), id);
+  {
+    cuda::device_buffer buf(here.gpu(), 64);
+    comms->use(me, [&](ncclComm_t c) {
+      if (sender) {
+        LP_NCCL_CHECK(ncclSend(buf.data(), 64, ncclUint8, 1, c, nullptr));
+      } else {
+        LP_NCCL_CHECK(ncclRecv(buf.data(), 64, ncclUint8, 0, c, nullptr));
+      }
+    });
+    LP_CUDA_CHECK(cudaSetDevice(here.gpu()));
+    LP_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  here.attach_nccl(sender ? to : from, sender, comms);
+  return ok_status();
+}
+}  // namespace
+#endif
+
+status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links,
+                        process_group* group, const std::vector<int>& rank_of) {
+#ifdef LORAPIPE_HAS_NCCL
+  std::vector<cuda_device*> cd;  // null: a device of another process
   std::vector<int> gpus;
-  for (auto* d : devices) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto* d = devices[i];
+    if (d == nullptr) {
+      if (group == nullptr || rank_of.size() != devices.size())
+        return make_error("parallel.transport: nccl: device {} is missing and no process runs it", i);
+      cd.push_back(nullptr);
+      gpus.push_back(-1);
+      continue;
+    }
     auto* c = dynamic_cast<cuda_device*>(d);
     if (c == nullptr) return make_error("parallel.transport: nccl: {} is not a CUDA device", d->name());
     for (int g : gpus)
@@ -279,6 +326,17 @@ status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::
   for (const auto& [from, to] : links) {
     if (from < 0 || to < 0 || from >= static_cast<int32_t>(cd.size()) || to >= static_cast<int32_t>(cd.size()))
       return make_error("parallel.transport: nccl: link {} -> {} names a device that does not exist", from, to);
+    cuda_device *a = cd[static_cast<size_t>(from)], *b = cd[static_cast<size_t>(to)];
+    if (a == nullptr && b == nullptr) continue;  // between two other processes
+    if (a == nullptr || b == nullptr) {
+      try {
+        LP_TRY(connect_remote_link(a != nullptr ? *a : *b, a != nullptr, from, to, rank_of[static_cast<size_t>(a != nullptr ? to : from)],
+                                   *group));
+      } catch (const std::exception& e) {
+        return make_error("parallel.transport: nccl: link {} -> {} to another process: {}", from, to, e.what());
+      }
+      continue;
+    }
     const int g_from = gpus[static_cast<size_t>(from)], g_to = gpus[static_cast<size_t>(to)];
     auto comms = std::make_shared<cuda::nccl_comms>(std::vector<int>{g_from, g_to});
     {  // NCCL connects on a communicator's first operation, which may block the host: one tiny
@@ -300,6 +358,8 @@ status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::
 #else
   (void)devices;
   (void)links;
+  (void)group;
+  (void)rank_of;
   return make_error("parallel.transport: nccl: this build has no NCCL");
 #endif
 }

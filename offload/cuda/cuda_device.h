@@ -33,6 +33,7 @@ cuda_versions cuda_runtime_versions();
 // GPU always can).
 bool cuda_peer_access(int from_gpu, int to_gpu);
 // enable_nccl() for CUDA devices (see device.h).
-status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links);
+status enable_cuda_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links,
+                        process_group* group, const std::vector<int>& rank_of);
 
 }  // namespace lorapipe

@@ -3,6 +3,10 @@
 
 #include <string>
 
+#include <cuda_runtime.h>
+
+#include "offload/cuda/cuda_check.h"
+
 namespace lorapipe::cuda {
 
 void throw_nccl_error(ncclResult_t r, const char* what, const char* file, int line) {
@@ -11,6 +15,11 @@ void throw_nccl_error(ncclResult_t r, const char* what, const char* file, int li
 
 nccl_comms::nccl_comms(const std::vector<int>& gpus) : comms_(gpus.size(), nullptr) {
   LP_NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(gpus.size()), gpus.data()));
+}
+
+nccl_comms::nccl_comms(int nranks, int rank, int gpu, const ncclUniqueId& id) : comms_(static_cast<size_t>(nranks), nullptr) {
+  LP_CUDA_CHECK(cudaSetDevice(gpu));
+  LP_NCCL_CHECK(ncclCommInitRank(&comms_.at(static_cast<size_t>(rank)), nranks, id, rank));
 }
 
 void nccl_comms::abort() {

@@ -1,5 +1,5 @@
-// NCCL communicators for the pipeline's CUDA devices (one process; the nccl transport makes one
-// two-rank set per link direction): RAII over ncclCommInitAll/ncclCommDestroy, ncclCommAbort on failure, and LP_NCCL_CHECK, which throws device_error naming
+// NCCL communicators for the pipeline's CUDA devices (the nccl transport makes one two-rank set per
+// link direction: both ranks here for a link inside this process, one for a link to another process): RAII over ncclCommInitAll/ncclCommDestroy, ncclCommAbort on failure, and LP_NCCL_CHECK, which throws device_error naming
 // the call. Used by the nccl transport's stream-ordered send/recv (cuda_device.cpp).
 #pragma once
 
@@ -18,6 +18,9 @@ namespace lorapipe::cuda {
 class nccl_comms {
  public:
   explicit nccl_comms(const std::vector<int>& gpus);  // rank i on GPU gpus[i]; GPUs must be distinct
+  // This process's rank of a communicator whose other ranks live in other processes (id from
+  // ncclGetUniqueId in one of them, passed on by the caller); rank(r) is null for the others'.
+  nccl_comms(int nranks, int rank, int gpu, const ncclUniqueId& id);
   ~nccl_comms();
   nccl_comms(const nccl_comms&) = delete;
   nccl_comms& operator=(const nccl_comms&) = delete;

@@ -2,7 +2,8 @@
 # The GPU checks in one go, for a machine with a GPU (prepared so a short loan of one suffices):
 # builds with CUDA, runs the `gpu` ctest label (CUDA device pieces, weight arena + release fence,
 # pinned staging, peer copy, pipeline steps on cuda:0,0 and, with two GPUs, cuda:0,1 over peer and
-# NCCL; the CUDA probe and layer profiler), then a short pipeline fine-tune of stories260K on two
+# NCCL; the CUDA probe and layer profiler; two processes on cuda:0,0 over Gloo and, with two GPUs,
+# on cuda:0,1 over NCCL, each against one process: tests/gpu/dist_gpu_test.py), then a short pipeline fine-tune of stories260K on two
 # pipeline devices of GPU 0 through the CLI, and `plan --profile` on them. Output goes to $OUT (if set).
 #
 # Two ways to get the build's dependencies:
