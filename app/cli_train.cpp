@@ -68,6 +68,15 @@ class local_ranks {
       kids_.push_back(std::make_unique<child_process>(args));
     }
   }
+  // A rank that could not start or already exited (polled during the rendezvous).
+  std::string failed() {
+    for (size_t i = 0; i < kids_.size(); ++i) {
+      if (!kids_[i]->started()) return fmt::format("rank {} could not be started", i + 1);
+      if (auto st = kids_[i]->wait(std::chrono::milliseconds(0)))
+        return fmt::format("rank {} exited with {} {} before joining", i + 1, *st < 0 ? "signal" : "status", *st < 0 ? -*st : *st);
+    }
+    return "";
+  }
 
  private:
   const run_handle& h_;
@@ -95,6 +104,7 @@ int execute(const run_handle& h, bool as_json, const cancel_token& stop, bool st
   if (h.config.distributed.processes > 1 && start_ranks) {
     ranks.emplace(h);
     eo.launch_ranks = [&](uint16_t port) { ranks->launch(port); };
+    eo.watch_ranks = [&] { return ranks->failed(); };
   }
   auto r = execute_run(h, printer, stop, eo);
   if (!r) return cli_fail(fmt::format("{} (run {} recorded as failed)", r.message(), h.run_id));
@@ -130,7 +140,7 @@ int cmd_train(const train_args& a, const cancel_token& stop) {
   if (a.rank > 0) {  // joins rank 0, computes its share, records nothing
     if (const char* parent = std::getenv("LORAPIPE_PARENT_PID")) die_with_parent(static_cast<pid_t>(std::atoi(parent)));
     rank_printer printer(static_cast<int>(a.rank));
-    auto r = run_rank(cfg, a.rank, a.resume_from, printer, stop);
+    auto r = run_rank(cfg, a.rank, a.resume_from, printer, stop, kill_probe_from_environment());
     if (!r) return cli_fail(fmt::format("rank {}: {}", a.rank, r.message()));
     return 0;
   }

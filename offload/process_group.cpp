@@ -30,13 +30,19 @@ std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}
 
 bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
-// Waits for `keys` (one per rank); on timeout the error lists the ranks whose key is missing.
+// Waits for `keys` (one per rank), polling, so `watch` can end the wait early; on timeout the error
+// lists the ranks whose key is missing.
 status wait_for_ranks(c10d::Store& store, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
-                      const char* what) {
-  try {
-    store.wait(keys, timeout);
-    return ok_status();
-  } catch (const std::exception&) {
+                      const char* what, const std::function<std::string()>& watch) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (store.check(keys)) return ok_status();
+    if (watch)
+      if (const std::string w = watch(); !w.empty()) return make_error("distributed: {} (waiting for every rank to {})", w, what);
+    if (std::chrono::steady_clock::now() >= end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  {
     std::string missing;
     for (size_t r = 0; r < keys.size(); ++r) {
       bool present = false;
@@ -101,10 +107,11 @@ struct progress_board {
     }
     cv.notify_one();
   }
-  ~progress_board() {
+  void halt() {  // the publisher ends (after a set in flight); later updates stay here
     update([this] { stop = true; });
     if (publisher.joinable()) publisher.join();
   }
+  ~progress_board() { halt(); }
 };
 
 struct process_group::impl {
@@ -223,10 +230,10 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   std::vector<std::string> theirs;
   try {
     p->store->set(hash_key(o.rank), bytes_of(o.config_hash));
-    LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous"));
+    LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous", o.watch));
     for (int r = 0; r < o.world; ++r) theirs.push_back(text_of(p->store->get(hash_key(r))));
     p->store->set(seen_key(o.rank), bytes_of("1"));
-    if (o.rank == 0) (void)wait_for_ranks(*p->store, seen, o.timeout, "read the project hashes");  // before the server may go
+    if (o.rank == 0) (void)wait_for_ranks(*p->store, seen, o.timeout, "read the project hashes", o.watch);  // before the server may go
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
@@ -335,6 +342,18 @@ void process_group::report_done(int position, const std::string& what) {
 }
 
 std::string process_group::last_report(int rank) { return p_->last_report(rank); }
+
+void process_group::report_failure(const std::string& message) {
+  std::string text = "failed: " + message;
+  if (text.size() > 2000) text.resize(2000);
+  p_->board->halt();  // no older report can land after this one
+  try {  // now, not by the publisher: the process may exit next. The check answers only after the
+         // store has taken the set (one connection, in order).
+    p_->store->set(report_key(p_->o.rank), bytes_of(text));
+    (void)p_->store->check({report_key(p_->o.rank)});
+  } catch (const std::exception&) {  // rank 0's store is gone: nobody is left to tell
+  }
+}
 
 status process_group::store_set(const std::string& key, const std::string& value) {
   try {

@@ -32,6 +32,9 @@ struct rendezvous_options {
   // Rank 0: called once the store serves, with its port, before waiting for the others (a local
   // launcher starts the other ranks here, so port 0 needs no agreed number).
   std::function<void(uint16_t port)> on_listening;
+  // Polled while waiting for the other ranks: a non-empty text (a launcher's "rank 1 exited with
+  // status 1 before joining") ends the wait at once with that error instead of at the timeout.
+  std::function<std::string()> watch;
 };
 
 class process_group {
@@ -70,6 +73,9 @@ class process_group {
   void report_context(const std::string& context);
   void report_done(int position, const std::string& what);
   std::string last_report(int rank);  // "" when it reported nothing or the store is gone
+  // This rank failed: "failed: <message>" becomes its report, written before returning (the process
+  // may exit right after), so the others' errors carry the cause.
+  void report_failure(const std::string& message);
 
   // Small values through the store (metrics): set never blocks; get waits up to the timeout.
   status store_set(const std::string& key, const std::string& value);

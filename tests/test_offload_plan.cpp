@@ -164,6 +164,14 @@ TEST(Transport, ChosenPerLinkWithAReason) {
   EXPECT_FALSE(choose_transports(g, shared, "nccl", nullptr, true).ok());
   auto nccl = choose_transports(g, gpus, "nccl", access, true).value();
   for (const auto& l : nccl) EXPECT_EQ(l.kind, transport_kind::nccl);
+  // Several processes (two machines, each its GPU 0): one rank per GPU within each process.
+  std::vector<device_facts> zeros{{"cuda:0#0", 0}, {"cuda:0#1", 0}, {"cuda:0#2", 0}};
+  EXPECT_EQ(rank_of_positions(3, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(rank_of_positions(4, 2), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_TRUE(choose_transports(g, zeros, "nccl", nullptr, true, rank_of_positions(3, 3)).ok());
+  auto twice = choose_transports(g, zeros, "nccl", nullptr, true, {0, 0, 1});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.message().find("GPU 0 appears twice in process 0"), std::string::npos) << twice.message();
   EXPECT_FALSE(choose_transports(g, {cpus[0], gpus[1], cpus[2]}, "auto", nullptr).ok());  // mixed device kinds
 }
 

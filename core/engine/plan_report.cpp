@@ -74,7 +74,10 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.full_logits_bytes = 3 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // the same three f32 tensors, for every position
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
-    LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available()));
+    LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available(),
+                                           cfg.distributed.processes > 1
+                                               ? rank_of_positions(static_cast<int64_t>(r.devices.size()), static_cast<int>(cfg.distributed.processes))
+                                               : std::vector<int>{}));
     r.links = std::move(links);
     if (cfg.offload.device_memory_mb > 0) {
       std::vector<std::string> names;

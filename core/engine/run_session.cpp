@@ -183,7 +183,8 @@ namespace {
 
 // Membership in the project's process group: rank 0 serves the rendezvous (launching the others
 // once it listens), every rank brings the project's hash.
-result<std::unique_ptr<process_group>> join_processes(const project_config& cfg, int rank, std::function<void(uint16_t)> launch) {
+result<std::unique_ptr<process_group>> join_processes(const project_config& cfg, int rank, std::function<void(uint16_t)> launch,
+                                                      std::function<std::string()> watch = {}) {
   const auto& d = cfg.distributed;
   const auto colon = d.rendezvous.rfind(':');
   rendezvous_options o;
@@ -195,12 +196,15 @@ result<std::unique_ptr<process_group>> join_processes(const project_config& cfg,
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(d.timeout_s * 1000));
   o.config_hash = config_hash(cfg);
   o.on_listening = std::move(launch);
+  o.watch = std::move(watch);
   return process_group::join(o);
 }
 
 }  // namespace
 
-result<train_summary> run_rank(const project_config& cfg, int rank, const fs::path& resume_from, observer& obs, const cancel_token& cancel) {
+result<train_summary> run_rank(const project_config& cfg, int rank, const fs::path& resume_from, observer& obs, const cancel_token& cancel,
+                               const probe_fn& probe) {
+  if (probe) probe("rank:start");
   LP_TRY(validate_project(cfg));
   if (rank < 1 || rank >= cfg.distributed.processes)
     return make_error("--rank {}: must be in 1..{} (distributed.processes {})", rank, cfg.distributed.processes - 1, cfg.distributed.processes);
@@ -214,7 +218,10 @@ result<train_summary> run_rank(const project_config& cfg, int rank, const fs::pa
   to.resume_from = resume_from;
   to.config_hash = config_hash(resolved);
   to.group = group.get();
-  return run_training(resolved, obs, to);
+  to.probe = probe;
+  auto r = run_training(resolved, obs, to);
+  if (!r) group->report_failure(r.message());
+  return r;
 }
 
 result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel_token& cancel, const execute_options& opts) {
@@ -240,12 +247,13 @@ result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel
     std::unique_ptr<process_group> group;
     result<train_summary> r = make_error("not run");
     if (h.config.distributed.processes > 1) {
-      auto joined = join_processes(h.config, 0, opts.launch_ranks);
+      auto joined = join_processes(h.config, 0, opts.launch_ranks, opts.watch_ranks);
       if (joined) group = std::move(*joined);
       else r = joined.err();
       to.group = group.get();
     }
     if (h.config.distributed.processes <= 1 || group) r = run_training(h.config, tee, to);
+    if (!r && group) group->report_failure(r.message());
     if (!r) recorder->on_event(log_event{log_event::level::error, r.message()});
     const std::string db_err = recorder->finish();
     recorder.reset();

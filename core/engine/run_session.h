@@ -57,6 +57,9 @@ struct execute_options {
   // port, to start the other ranks (the CLI starts them on this machine with run_rank); empty when
   // they are started by hand (lorapipe-cli train --rank R on each host).
   std::function<void(uint16_t port)> launch_ranks;
+  // Polled by rank 0 while it waits for the others at the rendezvous: non-empty ("rank 1 exited with
+  // status 1 before joining") fails the run at once instead of after distributed.timeout_s.
+  std::function<std::string()> watch_ranks;
 };
 
 // Trains the run; a failure comes back as an error value after the run is recorded as failed.
@@ -66,11 +69,14 @@ result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel
 // rendezvous (distributed.rendezvous, which must name the port) with the project's hash, computes its
 // share of every step, and writes nothing (rank 0 records the run and writes the checkpoints and the
 // adapter). resume_from: the checkpoint rank 0 continues from (empty: from the start).
+// A failing rank leaves its error in the rendezvous store before it returns, so the others' errors
+// quote it ("rank 1 last reported: failed: …"). probe: test hook, reached at "rank:start".
 result<train_summary> run_rank(const project_config& cfg, int rank, const std::filesystem::path& resume_from, observer& obs,
-                               const cancel_token& cancel);
+                               const cancel_token& cancel, const probe_fn& probe = {});
 
 // LORAPIPE_KILL_AT=<site>:<n> (kill tests): the process SIGKILLs itself the n-th time it reaches
-// <site> (checkpoint:file, checkpoint:manifest, checkpoint:rename, db:commit, pipeline:instruction).
+// <site> (checkpoint:file, checkpoint:manifest, checkpoint:rename, db:commit, pipeline:instruction,
+// rank:start).
 probe_fn kill_probe_from_environment();
 
 }  // namespace lorapipe

@@ -16,12 +16,16 @@ namespace {
 // NCCL pairs the i-th send of a link with the i-th receive: the order of SENDs on `from` must be the
 // order of the matching RECVs on `to`. Tensors are identified by (activation|gradient, layer
 // boundary, micro-batch).
-status check_nccl(const program& p, const std::vector<device_facts>& devices, bool nccl) {
+status check_nccl(const program& p, const std::vector<device_facts>& devices, bool nccl, const std::vector<int>& rank_of) {
   if (!nccl) return make_error("parallel.transport: nccl: this build has no NCCL (a CUDA build with NCCL is needed)");
-  std::set<int> gpus;
-  for (const auto& d : devices) {
+  std::set<std::pair<int, int>> gpus;  // (process, GPU)
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const auto& d = devices[i];
     if (d.gpu < 0) return make_error("parallel.transport: nccl: {} is not a GPU", d.name);
-    if (!gpus.insert(d.gpu).second) return make_error("parallel.transport: nccl: GPU {} appears twice (NCCL needs one rank per GPU)", d.gpu);
+    const int rank = i < rank_of.size() ? rank_of[i] : 0;
+    if (!gpus.insert({rank, d.gpu}).second)
+      return make_error("parallel.transport: nccl: GPU {} appears twice{} (NCCL needs one rank per GPU)", d.gpu,
+                        rank_of.empty() ? "" : fmt::format(" in process {}", rank));
   }
   using key = std::tuple<char, int32_t, int32_t>;
   std::map<std::pair<int32_t, int32_t>, std::vector<key>> sent, received;
@@ -63,14 +67,21 @@ const char* transport_name(transport_kind k) {
   return "?";
 }
 
+std::vector<int> rank_of_positions(int64_t devices, int world) {
+  std::vector<int> out;
+  for (int64_t d = 0; d < devices; ++d) out.push_back(static_cast<int>(d * world / devices));
+  return out;
+}
+
 result<std::vector<link_transport>> choose_transports(const program& p, const std::vector<device_facts>& devices,
                                                       const std::string& preference,
-                                                      const std::function<bool(int, int)>& peer_access, bool nccl) {
+                                                      const std::function<bool(int, int)>& peer_access, bool nccl,
+                                                      const std::vector<int>& rank_of) {
   if (preference != "auto" && preference != "host" && preference != "peer" && preference != "nccl")
     return make_error("parallel.transport: '{}' must be auto, host, peer or nccl", preference);
   if (devices.size() != p.devices.size())
     return make_error("transports: program for {} devices, {} given", p.devices.size(), devices.size());
-  if (preference == "nccl") LP_TRY(check_nccl(p, devices, nccl));
+  if (preference == "nccl") LP_TRY(check_nccl(p, devices, nccl, rank_of));
   std::set<std::pair<int32_t, int32_t>> links;
   for (size_t d = 0; d < p.devices.size(); ++d)
     for (const auto& in : p.devices[d])

@@ -31,12 +31,18 @@ struct link_transport {
   std::string reason;
 };
 
+// Several processes: device position d runs in rank d * world / devices (contiguous blocks).
+std::vector<int> rank_of_positions(int64_t devices, int world);
+
 // preference: "auto", "host", "peer" or "nccl" (parallel.transport). peer_access(a, b): GPU b can
 // access GPU a's memory; nccl: the build has NCCL. Every link of the program gets one entry; a
-// preference a link cannot have is an error naming the link.
+// preference a link cannot have is an error naming the link. rank_of (several processes: the rank
+// of each device position): NCCL needs distinct GPUs only within a process (two machines may both
+// use their GPU 0).
 result<std::vector<link_transport>> choose_transports(const program& p, const std::vector<device_facts>& devices,
                                                       const std::string& preference,
-                                                      const std::function<bool(int, int)>& peer_access, bool nccl = false);
+                                                      const std::function<bool(int, int)>& peer_access, bool nccl = false,
+                                                      const std::vector<int>& rank_of = {});
 // The (from, to) pairs whose link is nccl: the simulator's rendezvous links (sim_costs). The executor
 // gives each of them its own two-rank communicator (one per direction), so a link's FIFO holds only
 // its sender's sends and its receiver's receives.

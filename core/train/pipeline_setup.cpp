@@ -59,12 +59,6 @@ result<cpu_device_options> device_options_of(const project_config& cfg) {
   return o;
 }
 
-std::vector<int> rank_of_positions(int64_t devices, int world) {
-  std::vector<int> out;
-  for (int64_t d = 0; d < devices; ++d) out.push_back(static_cast<int>(d * world / devices));
-  return out;
-}
-
 result<weight_selection> rank_weight_selection(const project_config& cfg_in, const llama_config& mc, int rank, int world) {
   LP_TRY_ASSIGN(cfg, resolve_auto_schedule(cfg_in, mc, auto_schedule_gflops));
   LP_TRY_ASSIGN(prog, project_program(cfg, mc, auto_schedule_gflops));
@@ -123,7 +117,8 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   std::vector<device_facts> facts = all_facts;
   for (size_t d = 0; d < raw.size(); ++d)
     if (raw[d] != nullptr) facts[d] = {raw[d]->name(), raw[d]->gpu()};
-  LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available()));
+  LP_TRY_ASSIGN(links, choose_transports(*prog, facts, cfg.parallel.transport, gpu_peer_access, nccl_available(),
+                                         rig.group != nullptr ? base.processes.rank_of : std::vector<int>{}));
   if (cfg.parallel.transport == "nccl") {
     // NCCL moves data only when both ends have posted, in each communicator's order: check that the
     // program cannot deadlock under those semantics before anything runs.

@@ -30,8 +30,6 @@ struct pipeline_rig {
 // speeds, pinned budget. Errors name the field.
 result<cpu_device_options> device_options_of(const project_config& cfg);
 
-// Several processes: device position d runs in rank d * world / devices (contiguous blocks).
-std::vector<int> rank_of_positions(int64_t devices, int world);
 // The frozen tensors rank `rank` computes with: the layers (and embedding, head) of every stage that
 // one of its device positions runs, in the program the project resolves to for this model.
 result<weight_selection> rank_weight_selection(const project_config& cfg, const llama_config& mc, int rank, int world);

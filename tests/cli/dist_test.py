@@ -10,6 +10,7 @@
   says what the dead rank did last (its step and last completed instruction).
 - Ranks started by hand (`--rank`, `--rendezvous`) with different projects are refused on both sides.
 - distributed.processes beyond the device count is refused naming the field.
+- A local rank that dies before the rendezvous fails the run at once, naming it.
 Every command runs under a timeout; every process this test starts is killed at its end.
 """
 import argparse
@@ -178,6 +179,17 @@ def killed_rank_resumes(cli, env, tmp, data, resume_processes=None):
             check(f"{label}: it ran over {resume_processes} process(es)", resumed, err[-300:])
 
 
+def rank_dead_before_rendezvous(cli, env, tmp, data):
+    # Rank 1 SIGKILLs itself as it starts: rank 0 fails at once naming it, not after timeout_s.
+    proj = project(tmp, data, "nostart", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 60}})
+    t0 = time.time()
+    rc, err = run(cli, "train", proj, "--output", os.path.join(tmp, "nostart"), env=dict(env, LORAPIPE_KILL_AT="rank:start:1"), timeout=120)
+    took = time.time() - t0
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    check(f"a rank dead before the rendezvous fails the run at once, naming it ({took:.1f} s, timeout 60 s)",
+          rc == 1 and "rank 1 exited with signal 9 before joining" in err and took < 30, f"rc={rc} {last[:300]!r}")
+
+
 def mismatched_ranks_refused(cli, env, tmp, data):
     a = project(tmp, data, "rank-a", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}})
     b = project(tmp, data, "rank-b", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}, "optimizer": {"lr": 0.001}})
@@ -213,6 +225,7 @@ def main():
             killed_rank_resumes(args.cli, env, tmp, args.data)
             killed_rank_resumes(args.cli, env, tmp, args.data, resume_processes=1)
             mismatched_ranks_refused(args.cli, env, tmp, args.data)
+            rank_dead_before_rendezvous(args.cli, env, tmp, args.data)
             proj = project(tmp, args.data, "bad", "cpu:2", "1f1b")
             rc, err = run(args.cli, "train", proj, "--processes", "3", env=env)
             check("3 processes on 2 devices: refused naming distributed.processes", rc == 1 and "distributed.processes" in err, err[-300:])

@@ -32,8 +32,9 @@ inline int rank_of_device(int d, int devices, int world) { return d * world / de
 // `die_before_step` >= 0: this process SIGKILLs itself when that step begins (a rank lost mid-run).
 // Over several processes each rank reads only the frozen tensors of the stages its devices compute
 // (the others are meta tensors: any use of them would throw) and creates only its own devices.
+// `fail_instead`: at that step the run returns an error instead (a rank that fails without dying).
 inline result<outcome> run(const std::string& data_dir, const std::string& schedule, int devices, int steps,
-                           process_group* group, int die_before_step = -1) {
+                           process_group* group, int die_before_step = -1, bool fail_instead = false) {
   const int world = group != nullptr ? group->world() : 1, rank = group != nullptr ? group->rank() : 0;
   schedule_options so;
   so.devices = devices;
@@ -94,6 +95,7 @@ inline result<outcome> run(const std::string& data_dir, const std::string& sched
   auto xs = x.chunk(4), ys = y.chunk(4);
   for (int i = 0; i < 4; ++i) mbs.push_back({xs[i].contiguous(), ys[i].contiguous()});
   for (int s = 0; s < steps; ++s) {
+    if (s == die_before_step && fail_instead) return make_error("injected failure before step {}", s);
     if (s == die_before_step) ::raise(SIGKILL);
     LP_TRY_ASSIGN(r, ex.step(mbs, 1e-2, 1.0));
     out.losses.push_back(r.loss);

@@ -1,5 +1,5 @@
 // lorapipe_dist_pipeline_peer: a rank other than 0 of tests/dist/test_dist_pipeline.cpp.
-// Usage: lorapipe_dist_pipeline_peer DATA SCHEDULE DEVICES STEPS RANK WORLD PORT TIMEOUT_MS OUT [DIE_BEFORE_STEP]
+// Usage: lorapipe_dist_pipeline_peer DATA SCHEDULE DEVICES STEPS RANK WORLD PORT TIMEOUT_MS OUT [DIE_BEFORE_STEP|fail:STEP]
 // Trains its share of the pipeline (pipeline_case.h) and writes the losses and the LoRA parameters
 // of the layers it trained to OUT (torch::save). Exit 0 done, 2 join refused, 4 the run failed.
 #include <cstdio>
@@ -25,8 +25,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "peer: %s\n", g.message().c_str());
     return 2;
   }
-  auto r = dist_case::run(argv[1], argv[2], std::stoi(argv[3]), std::stoi(argv[4]), g->get(), argc == 11 ? std::stoi(argv[10]) : -1);
+  const std::string die = argc == 11 ? argv[10] : "-1";
+  const bool fail = die.rfind("fail:", 0) == 0;
+  auto r = dist_case::run(argv[1], argv[2], std::stoi(argv[3]), std::stoi(argv[4]), g->get(), std::stoi(fail ? die.substr(5) : die), fail);
   if (!r.ok()) {
+    (*g)->report_failure(r.message());  // as run_rank does: the others' errors quote it
     std::fprintf(stderr, "peer: %s\n", r.message().c_str());
     return 4;
   }

@@ -25,7 +25,8 @@ struct multi_run {
   std::vector<std::unique_ptr<child_process>> peers;
 };
 
-multi_run run_ranks(const std::string& schedule, int devices, int world, int steps, int timeout_ms, int peer_dies_before = -1) {
+// peer_dies_before: "N" (SIGKILL before step N) or "fail:N" (an error before step N) for the last rank.
+multi_run run_ranks(const std::string& schedule, int devices, int world, int steps, int timeout_ms, const std::string& peer_dies_before = "") {
   multi_run m;
   rendezvous_options o;
   o.world = world;
@@ -36,7 +37,7 @@ multi_run run_ranks(const std::string& schedule, int devices, int world, int ste
       std::vector<std::string> args{LORAPIPE_DIST_PIPELINE_PEER, test_data_dir().string(), schedule, std::to_string(devices),
                                     std::to_string(steps), std::to_string(r), std::to_string(world), std::to_string(port),
                                     std::to_string(timeout_ms), out_file(r)};
-      if (peer_dies_before >= 0 && r == world - 1) args.push_back(std::to_string(peer_dies_before));
+      if (!peer_dies_before.empty() && r == world - 1) args.push_back(peer_dies_before);
       m.peers.push_back(std::make_unique<child_process>(args, out_file(r) + ".err"));
     }
   };
@@ -113,7 +114,7 @@ TEST(DistPipeline, TwoDevicesPerProcess) { expect_same_as_one_process("1f1b", 4,
 TEST(DistPipeline, ARankKilledMidRunFailsTheStepNamingIt) {
   at::set_num_threads(1);
   const auto t0 = clk::now();
-  auto m = run_ranks("1f1b", 2, 2, 3, 5000, /*peer dies before step*/ 1);
+  auto m = run_ranks("1f1b", 2, 2, 3, 5000, /*peer dies before step*/ "1");
   const double took = std::chrono::duration<double>(clk::now() - t0).count();
   ASSERT_FALSE(m.rank0.ok());
   EXPECT_NE(m.rank0.message().find("rank 1"), std::string::npos) << m.rank0.message();
@@ -122,4 +123,17 @@ TEST(DistPipeline, ARankKilledMidRunFailsTheStepNamingIt) {
   std::printf("rank 1 killed before step 1: rank 0 after %.2f s: %s\n", took, m.rank0.message().c_str());
   EXPECT_LT(took, 5.0 + 15.0);
   EXPECT_EQ(m.peers[0]->wait(std::chrono::seconds(10)).value_or(-1000), -SIGKILL);
+}
+
+// A rank that fails without dying leaves its error in the store: rank 0's error quotes it.
+TEST(DistPipeline, ARankThatFailsPassesItsErrorOn) {
+  at::set_num_threads(1);
+  const auto t0 = clk::now();
+  auto m = run_ranks("1f1b", 2, 2, 3, 5000, "fail:1");
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  ASSERT_FALSE(m.rank0.ok());
+  EXPECT_NE(m.rank0.message().find("rank 1 last reported: failed: injected failure before step 1"), std::string::npos)
+      << m.rank0.message();
+  std::printf("rank 1 failed before step 1: rank 0 after %.2f s: %s\n", took, m.rank0.message().c_str());
+  EXPECT_EQ(m.peers[0]->wait(std::chrono::seconds(10)).value_or(-1000), 4);
 }
