@@ -131,18 +131,22 @@ result<std::vector<device_facts>> describe_devices(const std::string& spec) {
 }
 
 result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o,
-                                                                  const std::vector<bool>& here) {
+                                                                  const std::vector<bool>& here, const std::vector<bool>& on_this_host) {
   LP_TRY_ASSIGN(ds, parse_device_spec(spec));
   const size_t n = ds.gpus.empty() ? static_cast<size_t>(ds.cpus) : ds.gpus.size();
-  if (!here.empty() && here.size() != n) return make_error("parallel.devices: '{}' names {} devices, {} flags given", spec, n, here.size());
+  for (const auto* flags : {&here, &on_this_host})
+    if (!flags->empty() && flags->size() != n) return make_error("parallel.devices: '{}' names {} devices, {} flags given", spec, n, flags->size());
   auto wanted = [&](size_t i) { return here.empty() || here[i]; };
+  auto sharing = [&](size_t i) { return on_this_host.empty() ? wanted(i) : on_this_host[i] || wanted(i); };
   std::vector<std::unique_ptr<compute_device>> out;
   if (!ds.gpus.empty()) {
 #ifdef LORAPIPE_HAS_CUDA
-    std::vector<int> local;  // the GPUs of the positions created here (memory is split among those)
+    std::vector<int> local;  // the GPUs of this machine's positions, in any process (memory is split among those)
+    std::vector<size_t> slot(n, 0);
     std::map<int, size_t> free_b;
     for (size_t i = 0; i < n; ++i) {
-      if (!wanted(i)) continue;
+      if (!sharing(i)) continue;
+      slot[i] = local.size();
       local.push_back(ds.gpus[i]);
       if (free_b.count(ds.gpus[i])) continue;
       LP_TRY_ASSIGN(f, cuda_free_bytes(ds.gpus[i]));
@@ -153,13 +157,12 @@ result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::str
     auto budget = split_gpu_memory(local, [&](int g) { return free_b.at(g); }, 0.9);
     const size_t ram = static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     auto pinned = make_cuda_pinned_registry(o.pinned_budget_bytes > 0 ? o.pinned_budget_bytes : ram / 2);
-    size_t k = 0;
     for (size_t i = 0; i < n; ++i) {
       if (!wanted(i)) {
         out.push_back(nullptr);
         continue;
       }
-      const size_t capacity = o.capacity_bytes < (size_t{1} << 40) ? o.capacity_bytes : budget[k++];
+      const size_t capacity = o.capacity_bytes < (size_t{1} << 40) ? o.capacity_bytes : budget[slot[i]];
       auto d = make_cuda_device(static_cast<int>(i), ds.gpus[i], capacity, pinned, o);
       if (!d) return d.err();
       out.push_back(std::move(*d));

@@ -167,9 +167,11 @@ class cpu_device final : public compute_device {
 // "cpu", "cpu:N" -> N CPU virtual devices; "cuda:0,1,.." -> CUDA devices (CUDA builds with a GPU;
 // an index may repeat to run several pipeline devices on one GPU).
 // `here` (one flag per device; empty: all): the positions to create; the others stay null (devices of
-// another process of the same pipeline; their GPUs need not exist on this machine).
+// another process of the same pipeline; their GPUs need not exist on this machine). `on_this_host`
+// (empty: `here`): the positions of every process on this machine, which share its GPUs' memory.
 result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o,
-                                                                  const std::vector<bool>& here = {});
+                                                                  const std::vector<bool>& here = {},
+                                                                  const std::vector<bool>& on_this_host = {});
 // The devices a spec names (names as the devices will have, GPU ordinals) without creating them.
 result<std::vector<device_facts>> describe_devices(const std::string& spec);
 // What choose_transports needs to know of each device (name, GPU ordinal).

@@ -4,6 +4,7 @@
 #include "offload/process_group.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -25,6 +26,12 @@ namespace {
 std::string hash_key(int r) { return fmt::format("lorapipe/hash/{}", r); }
 std::string seen_key(int r) { return fmt::format("lorapipe/seen/{}", r); }
 std::string report_key(int r) { return fmt::format("lorapipe/report/{}", r); }
+std::string host_key(int r) { return fmt::format("lorapipe/host/{}", r); }
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
@@ -120,13 +127,29 @@ struct process_group::impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   std::unique_ptr<std::atomic<uint64_t>[]> sent;  // bytes posted per peer
+  std::vector<std::string> hosts;                 // per rank
   std::unique_ptr<progress_board> board;  // declared last: its publisher stops before the store goes
 
+  // Reports are read in error paths: through a connection of their own with a short timeout, so an
+  // unresponsive rank 0 costs at most that, not another distributed timeout.
+  mutable std::mutex reader_mu;
+  mutable c10::intrusive_ptr<c10d::TCPStore> reader;
   std::string last_report(int r) const {
+    std::lock_guard lock(reader_mu);
     try {
-      if (!store->check({report_key(r)})) return "";
-      return text_of(store->get(report_key(r)));
+      if (!reader) {
+        c10d::TCPStoreOptions so;
+        so.port = port;
+        so.isServer = false;
+        so.waitWorkers = false;
+        so.useLibUV = false;
+        so.timeout = std::min<std::chrono::milliseconds>(o.timeout, std::chrono::milliseconds(2000));
+        reader = c10::make_intrusive<c10d::TCPStore>(o.host, so);
+      }
+      if (!reader->check({report_key(r)})) return "";
+      return text_of(reader->get(report_key(r)));
     } catch (const std::exception&) {
+      reader.reset();
       return "";
     }
   }
@@ -229,9 +252,11 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   for (int r = 0; r < o.world; ++r) hashes[static_cast<size_t>(r)] = hash_key(r), seen[static_cast<size_t>(r)] = seen_key(r);
   std::vector<std::string> theirs;
   try {
+    p->store->set(host_key(o.rank), bytes_of(this_host()));  // before the hash: present once the hash is
     p->store->set(hash_key(o.rank), bytes_of(o.config_hash));
     LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous", o.watch));
     for (int r = 0; r < o.world; ++r) theirs.push_back(text_of(p->store->get(hash_key(r))));
+    for (int r = 0; r < o.world; ++r) p->hosts.push_back(text_of(p->store->get(host_key(r))));
     p->store->set(seen_key(o.rank), bytes_of("1"));
     if (o.rank == 0) (void)wait_for_ranks(*p->store, seen, o.timeout, "read the project hashes", o.watch);  // before the server may go
   } catch (const std::exception& e) {
@@ -269,6 +294,9 @@ process_group::process_group(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 process_group::~process_group() = default;
 int process_group::rank() const { return p_->o.rank; }
 int process_group::world() const { return p_->o.world; }
+bool process_group::same_host(int rank) const {
+  return rank >= 0 && rank < static_cast<int>(p_->hosts.size()) && p_->hosts[static_cast<size_t>(rank)] == p_->hosts[static_cast<size_t>(p_->o.rank)];
+}
 uint16_t process_group::port() const { return p_->port; }
 
 result<process_group::pending_send> process_group::isend(const at::Tensor& t, int to, int tag) {

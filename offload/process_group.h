@@ -48,6 +48,9 @@ class process_group {
 
   int rank() const;
   int world() const;
+  // Whether `rank` runs on this machine (host names exchanged at the rendezvous): processes on one
+  // machine share its GPUs and its pinned-memory budget.
+  bool same_host(int rank) const;
   uint16_t port() const;  // the store's port (what rank 0 tells the others)
 
   // Point to point, matched by (peer, tag) in order. Tensors are CPU tensors. A send completes only

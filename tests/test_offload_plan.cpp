@@ -172,6 +172,11 @@ TEST(Transport, ChosenPerLinkWithAReason) {
   auto twice = choose_transports(g, zeros, "nccl", nullptr, true, {0, 0, 1});
   ASSERT_FALSE(twice.ok());
   EXPECT_NE(twice.message().find("GPU 0 appears twice in process 0"), std::string::npos) << twice.message();
+  // Between processes a link is host-staged (Gloo) unless it is NCCL; peer copies cannot cross.
+  const auto across = choose_transports(g, zeros, "auto", nullptr, true, {0, 0, 1}).value();
+  for (const auto& l : across)
+    EXPECT_EQ(l.kind, (l.from < 2 && l.to < 2) ? transport_kind::peer : transport_kind::host_staged) << l.from << "->" << l.to;
+  EXPECT_FALSE(choose_transports(g, zeros, "peer", nullptr, true, {0, 0, 1}).ok());
   EXPECT_FALSE(choose_transports(g, {cpus[0], gpus[1], cpus[2]}, "auto", nullptr).ok());  // mixed device kinds
 }
 

@@ -96,8 +96,15 @@ result<std::vector<link_transport>> choose_transports(const program& p, const st
     const bool gpus = fa.gpu >= 0 && fb.gpu >= 0;
     const bool cpus = fa.gpu < 0 && fb.gpu < 0;
     if (!gpus && !cpus) return make_error("transports: {} -> {} mixes a CPU virtual device with a GPU", fa.name, fb.name);
+    const bool across = !rank_of.empty() && rank_of.at(static_cast<size_t>(a)) != rank_of.at(static_cast<size_t>(b));
     if (preference == "host") {
       l.reason = "parallel.transport = host";
+    } else if (across && preference != "nccl") {
+      if (preference == "peer")
+        return make_error("parallel.transport: peer: {} -> {} crosses processes {} -> {} (host or nccl can)", fa.name, fb.name,
+                          rank_of[static_cast<size_t>(a)], rank_of[static_cast<size_t>(b)]);
+      l.reason = fmt::format("another process (rank {} -> {}): through host memory and Gloo", rank_of[static_cast<size_t>(a)],
+                             rank_of[static_cast<size_t>(b)]);
     } else if (preference == "nccl") {
       l.kind = transport_kind::nccl;
       l.reason = "parallel.transport = nccl";

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+
+#include <unistd.h>
 
 #include <torch/torch.h>
 
@@ -103,9 +106,23 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   LP_TRY_ASSIGN(dopts, device_options_of(cfg));
   LP_TRY_ASSIGN(all_facts, describe_devices(cfg.parallel.devices));
   std::vector<bool> here(all_facts.size(), true);  // several processes: this rank's positions only
-  if (rig.group != nullptr)
-    for (size_t d = 0; d < here.size(); ++d) here[d] = base.processes.rank_of.at(d) == rig.group->rank();
-  LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts, here));
+  std::vector<bool> on_this_host(all_facts.size(), true);  // ... and those of every process on this machine
+  if (rig.group != nullptr) {
+    std::set<int> local_ranks;
+    for (size_t d = 0; d < here.size(); ++d) {
+      const int r = base.processes.rank_of.at(d);
+      here[d] = r == rig.group->rank();
+      on_this_host[d] = rig.group->same_host(r);
+      if (on_this_host[d]) local_ranks.insert(r);
+    }
+    // The processes of one machine share its pinned-memory default (half the RAM), as its GPUs.
+    const bool gpu_spec = std::any_of(all_facts.begin(), all_facts.end(), [](const device_facts& f) { return f.gpu >= 0; });
+    if (gpu_spec && dopts.pinned_budget_bytes == 0 && local_ranks.size() > 1) {
+      const size_t ram = static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      dopts.pinned_budget_bytes = ram / 2 / local_ranks.size();
+    }
+  }
+  LP_TRY_ASSIGN(devs, make_devices(cfg.parallel.devices, dopts, here, on_this_host));
   rig.devices = std::move(devs);
   const schedule_options so = schedule_options_of(cfg);
   auto prog = project_program(cfg, w.cfg, auto_schedule_gflops);
@@ -144,6 +161,13 @@ result<pipeline_rig> build_pipeline(const project_config& cfg, const llama_weigh
   // instruction of a large model may legitimately take longer than any fixed bound.
   const bool gpus = std::any_of(facts.begin(), facts.end(), [](const device_facts& f) { return f.gpu >= 0; });
   if (!gpus) po.watchdog_s = 0;
+  // An NCCL operation with a peer in another process that died waits on its stream without end (Gloo
+  // calls time out by themselves): the watchdog fails the step, aborting the communicators, within
+  // distributed.timeout_s.
+  const bool nccl_across = rig.group != nullptr && std::any_of(links.begin(), links.end(), [&](const link_transport& l) {
+    return l.kind == transport_kind::nccl && base.processes.rank_of.at(static_cast<size_t>(l.from)) != base.processes.rank_of.at(static_cast<size_t>(l.to));
+  });
+  if (nccl_across && cfg.distributed.timeout_s > 0) po.watchdog_s = po.watchdog_s > 0 ? std::min(po.watchdog_s, cfg.distributed.timeout_s) : cfg.distributed.timeout_s;
   po.on_watchdog = [&obs](const std::string& m) { obs.on_event(log_event{log_event::level::error, m}); };
   if (po.async_optimizer)
     obs.on_event(log_event{log_event::level::warning, "asynchronous optimizer: each step computes with weights one update stale"});

@@ -271,16 +271,22 @@ namespace {
 // communicator (sender rank 0) from the sender's NCCL id, passed through the process group's store,
 // connected by one tiny exchange.
 status connect_remote_link(cuda_device& here, bool sender, int32_t from, int32_t to, int peer_rank, process_group& group) {
-  const std::string key = fmt::format("nccl-id/{}-{}", from, to);
+  const std::string key = fmt::format("nccl-id/{}-{}", from, to), ready = fmt::format("nccl-ready/{}-{}", from, to);
   ncclUniqueId id;
+  // ncclCommInitRank blocks until both ends call it, with no time limit: each end first waits (up to
+  // the group's timeout) for word that the other is at this very link, so a peer that failed or died
+  // earlier turns into an error naming it.
   if (sender) {
     LP_NCCL_CHECK(ncclGetUniqueId(&id));
     LP_TRY(group.store_set(key, std::string(reinterpret_cast<const char*>(&id), sizeof id)));
+    if (auto r = group.store_get(ready); !r)
+      return make_error("parallel.transport: nccl: link {} -> {}: rank {} never reached it: {}", from, to, peer_rank, r.message());
   } else {
     auto got = group.store_get(key);  // waits up to the group's timeout
     if (!got) return make_error("parallel.transport: nccl: link {} -> {}: no NCCL id from rank {}: {}", from, to, peer_rank, got.message());
     if (got->size() != sizeof id) return make_error("parallel.transport: nccl: link {} -> {}: malformed NCCL id", from, to);
     std::memcpy(&id, got->data(), sizeof id);
+    LP_TRY(group.store_set(ready, "1"));
   }
   const int me = sender ? 0 : 1;
   auto comms = std::make_shared<cuda::nccl_comms>(2, me, here.gpu(), id);

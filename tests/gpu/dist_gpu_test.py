@@ -54,6 +54,7 @@ def compare(cli, env, tmp, data, devices, transport):
         runs.append((p.returncode, p.stderr))
     check(f"{label}: one and two processes complete", all(rc == 0 for rc, _ in runs),
           " | ".join(err[-600:] for rc, err in runs if rc != 0))
+    check(f"{label}: the second run ran over two processes", "rank 0 loads" in runs[1][1] and "rank 0 loads" not in runs[0][1])
     a, b = losses(runs[0][1]), losses(runs[1][1])
     worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
     check(f"{label}: two processes give one process's loss at every step (worst {worst:.1e})", len(a) == 10 and worst < 1e-5,
