@@ -11,6 +11,8 @@
 - Ranks started by hand (`--rank`, `--rendezvous`) with different projects are refused on both sides.
 - distributed.processes beyond the device count is refused naming the field.
 - A local rank that dies before the rendezvous fails the run at once, naming it.
+- Ctrl-C (SIGINT to the process group) stops every rank at one step with a checkpoint (exit 130, run
+  interrupted); resume reaches the uninterrupted run's adapter.
 Every command runs under a timeout; every process this test starts is killed at its end.
 """
 import argparse
@@ -178,6 +180,42 @@ def killed_rank_resumes(cli, env, tmp, data, resume_processes=None):
             check(f"{label}: it ran over {resume_processes} process(es)", resumed, err[-300:])
 
 
+def ctrl_c_stops_every_rank(cli, env, tmp, data):
+    # Ctrl-C in a terminal: SIGINT to the whole process group. Every rank stops at the same step,
+    # rank 0 checkpoints it and exits 130, and resume finishes with the uninterrupted run's adapter.
+    proj = project(tmp, data, "kill", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}})
+    out, out_ref = os.path.join(tmp, "ctrl-c"), os.path.join(tmp, "kill-ref")
+    log = os.path.join(tmp, "ctrl-c.log")
+    with open(log, "w") as f:
+        p = subprocess.Popen([cli, "train", proj, "--output", out, "--json"], stderr=f, env=env, start_new_session=True)
+    STARTED.append(p)
+    t_end, sent = time.time() + 120, False
+    while time.time() < t_end and p.poll() is None:
+        with open(log) as f:
+            if '"step":5,' in f.read():
+                os.killpg(p.pid, signal.SIGINT)
+                sent = True
+                break
+        time.sleep(0.05)
+    try:
+        rc = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = None
+    with open(log) as f:
+        err = f.read()
+    check("ctrl-c: every rank stops, rank 0 exits 130 with a checkpoint", sent and rc == 130 and "interrupted at step" in err,
+          f"rc={rc} {err[-400:]!r}")
+    time.sleep(0.5)
+    check("ctrl-c: no process of the run is left", not rank_processes(os.path.join(out, "rank-project.json")))
+    with sqlite3.connect(env["LORAPIPE_DB"]) as c:
+        run_id, status = c.execute("SELECT id, status FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+    check("ctrl-c: the run is recorded as interrupted", status == "interrupted", status)
+    rc, err = run(cli, "resume", str(run_id), "--json", env=env)
+    rel = max_rel(adapter(out), adapter(out_ref)) if rc == 0 else float("inf")
+    check(f"ctrl-c: resume finishes with the uninterrupted run's adapter (max rel {rel:.1e})", rc == 0 and rel == 0.0, err[-400:])
+
+
 def rank_dead_before_rendezvous(cli, env, tmp, data):
     # Rank 1 SIGKILLs itself as it starts: rank 0 fails at once naming it, not after timeout_s.
     proj = project(tmp, data, "nostart", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 60}})
@@ -223,6 +261,7 @@ def main():
             same_as_one_process(args.cli, env, tmp, args.data, "cpu:4", "round-robin", 4)
             killed_rank_resumes(args.cli, env, tmp, args.data)
             killed_rank_resumes(args.cli, env, tmp, args.data, resume_processes=1)
+            ctrl_c_stops_every_rank(args.cli, env, tmp, args.data)
             mismatched_ranks_refused(args.cli, env, tmp, args.data)
             rank_dead_before_rendezvous(args.cli, env, tmp, args.data)
             proj = project(tmp, args.data, "bad", "cpu:2", "1f1b")
