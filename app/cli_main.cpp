@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
   resume->add_option("--checkpoint", ra.checkpoint, "Continue from the checkpoint at this step instead of the newest");
   resume->add_option("--processes", ra.processes, "Continue over this many processes (1 = one process; the checkpoint fits any count)")
       ->check(CLI::Range(1, 64));
+  resume->add_option("--rendezvous", ra.rendezvous,
+                     "Several machines: serve the rendezvous at HOST:PORT and start no ranks here; start the others by hand "
+                     "(train p.json --rank R --rendezvous HOST:PORT; they need no checkpoint)");
   resume->add_option("--db", ra.db, "Run database");
   resume->add_flag("--json", ra.json, "Print events as JSON lines on stderr");
 

@@ -26,6 +26,7 @@ struct resume_args {
   std::string db;
   int64_t checkpoint = -1;  // step of an older checkpoint to continue from (-1 = newest)
   int64_t processes = -1;   // continue over this many processes (-1: as recorded)
+  std::string rendezvous;   // serve the rendezvous here and start no local ranks (they are started by hand)
   bool json = false;
 };
 struct eval_args {

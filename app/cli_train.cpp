@@ -160,6 +160,11 @@ int cmd_resume(const resume_args& a, const cancel_token& stop) {
   }
   std::fputs(fmt::format("resuming run {} at step {} of {} (database {})\n", a.run, h->start_step, h->total_steps, db.string()).c_str(),
              stderr);
+  if (!a.rendezvous.empty()) {  // the other ranks are started by hand, on their machines
+    h->config.distributed.rendezvous = a.rendezvous;
+    if (auto st = validate_project(h->config); !st) return cli_fail(st.message());
+    return execute(*h, a.json, stop, /*start_ranks=*/false);
+  }
   return execute(*h, a.json, stop);
 }
 

@@ -148,11 +148,11 @@ status pipeline_executor::impl::share_updated_lora() {
 
 // Every stage's LoRA weights and AdamW state from the rank that steps it to all ranks (each walks
 // the stages in the same order): afterwards any rank can validate, sample or checkpoint the run.
-status pipeline_executor::impl::gather_state() {
+status pipeline_executor::impl::gather_state(int from_rank) {
   torch::NoGradGuard ng;
   for (auto& [stage, o] : optim) {
-    int owner = -1;
-    for (int32_t d = 0; d < static_cast<int32_t>(prog.devices.size()); ++d)
+    int owner = from_rank;
+    for (int32_t d = 0; from_rank < 0 && d < static_cast<int32_t>(prog.devices.size()); ++d)
       for (const auto& in : prog.devices[d])
         if (in.kind == op::optimizer_step && in.stage == stage) owner = po.processes.rank_of[static_cast<size_t>(d)];
     std::vector<at::Tensor> parts;
@@ -173,9 +173,9 @@ status pipeline_executor::impl::gather_state() {
   return ok_status();
 }
 
-status pipeline_executor::gather_state() {
+status pipeline_executor::gather_state(int from_rank) {
   if (d_->po.processes.group == nullptr) return ok_status();
-  return d_->gather_state();
+  return d_->gather_state(from_rank);
 }
 
 void pipeline_executor::release_weights() {

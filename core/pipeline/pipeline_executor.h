@@ -132,7 +132,8 @@ class pipeline_executor {
   void resync_master();
   // Several processes: every stage's LoRA weights and AdamW state to every rank (a collective: all
   // ranks call it at the same point), so that any of them holds the whole run. No-op in one process.
-  status gather_state();
+  // from_rank >= 0: everything from that rank instead (a resume: rank 0 read the checkpoint).
+  status gather_state(int from_rank = -1);
   // Waits for weight uploads and drops every stage's weights kept resident between steps, emptying
   // the weight arenas: another executor (evaluation) can then use the same devices.
   void release_weights();

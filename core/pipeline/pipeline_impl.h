@@ -197,7 +197,7 @@ struct pipeline_executor::impl {
   std::map<std::pair<int32_t, int32_t>, int32_t> ckpt_offloaded_on, ckpt_reloaded_on;
   std::vector<process_group::pending_send> process_sends;  // this step's sends to other ranks (under mu)
   status share_updated_lora();
-  status gather_state();
+  status gather_state(int from_rank);
   status finish_process_sends();
   void keep_process_send(process_group::pending_send s);
   double global_clip(double max_norm);

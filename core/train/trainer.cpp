@@ -63,7 +63,11 @@ class trainer {
     announce(threads.threads());
     if (cfg_.parallel.schedule != "single") LP_TRY(build());
     if (!opts_.checkpoint_root.empty()) sweep_checkpoint_leftovers(opts_.checkpoint_root);
-    if (!opts_.resume_from.empty()) LP_TRY(restore());
+    resuming_ = !opts_.resume_from.empty();
+    // Several processes: rank 0 reads the checkpoint and hands its state to the others (a rank on
+    // another machine needs no copy of it).
+    if (resuming_ && rank() == 0) LP_TRY(restore());
+    LP_TRY(share_start());
     LP_TRY(check_same_start());
     sum_.start_step = step_;
     try {
@@ -108,8 +112,29 @@ class trainer {
   }
   const cancel_token* inner_cancel() const { return opts_.group != nullptr ? nullptr : cancel_; }
 
-  // Several processes: every rank starts from the same step and data position (a rank started by hand
-  // without the checkpoint rank 0 resumes from would otherwise train other batches).
+  // Several processes: rank 0's starting point (a resume's step, data position and every stage's
+  // LoRA weights and AdamW state) on every rank.
+  status share_start() {
+    if (opts_.group == nullptr) return ok_status();
+    at::Tensor s = torch::tensor({resuming_ ? 1.0 : 0.0, static_cast<double>(step_), static_cast<double>(cursor_), sum_.first_val_loss,
+                                  eval_pending_ ? 1.0 : 0.0},
+                                 torch::kDouble);  // f64 [5]
+    LP_TRY(opts_.group->broadcast(s, 0));
+    if (rank() != 0) {
+      resuming_ = s[0].item<double>() > 0;
+      step_ = static_cast<int64_t>(s[1].item<double>());
+      cursor_ = static_cast<int64_t>(s[2].item<double>());
+      sum_.first_val_loss = s[3].item<double>();
+      eval_pending_ = s[4].item<double>() > 0;
+      checkpointed_step_ = step_;
+    }
+    if (!resuming_) return ok_status();
+    if (rig_.executor) LP_TRY(rig_.executor->gather_state(/*from_rank=*/0));  // every rank: a collective
+    if (rank() != 0) obs_.on_event(log_event{log_event::level::info, fmt::format("resuming at step {} from rank 0's checkpoint", step_)});
+    return ok_status();
+  }
+
+  // Several processes: every rank starts from the same step, data position and data size.
   status check_same_start() {
     if (opts_.group == nullptr) return ok_status();
     const double world = opts_.group->world();
@@ -282,7 +307,7 @@ class trainer {
   }
 
   void before_training() {
-    const bool resuming = !opts_.resume_from.empty();
+    const bool resuming = resuming_;
     if (has_val() && (!resuming || eval_pending_)) {
       const double loss = validate(step_);
       if (step_ == 0) sum_.first_val_loss = loss;
@@ -487,6 +512,7 @@ class trainer {
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
   pipeline_rig rig_;
   bool memory_checked_ = false;
+  bool resuming_ = false;  // from a checkpoint (several processes: rank 0's)
   std::unique_ptr<epoch_sampler> sampler_;
   int64_t cursor_ = 0, step_ = 0, checkpointed_step_ = -1;
   bool stopped_ = false, eval_pending_ = false;

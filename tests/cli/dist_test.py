@@ -11,6 +11,8 @@
 - Ranks started by hand (`--rank`, `--rendezvous`) with different projects are refused on both sides.
 - distributed.processes beyond the device count is refused naming the field.
 - A local rank that dies before the rendezvous fails the run at once, naming it.
+- Ranks started by hand: `resume RUN --rendezvous` on rank 0 with a fresh rank 1 that has no
+  checkpoint (two machines) continues to the uninterrupted run's adapter.
 - Ctrl-C (SIGINT to the process group) stops every rank at one step with a checkpoint (exit 130, run
   interrupted); resume reaches the uninterrupted run's adapter.
 Every command runs under a timeout; every process this test starts is killed at its end.
@@ -216,6 +218,61 @@ def ctrl_c_stops_every_rank(cli, env, tmp, data):
     check(f"ctrl-c: resume finishes with the uninterrupted run's adapter (max rel {rel:.1e})", rc == 0 and rel == 0.0, err[-400:])
 
 
+def hand_started_resume_without_checkpoint(cli, env, tmp, data):
+    # Two machines, simulated: ranks started by hand with their own output folders. Rank 1 is killed
+    # after step 7; rank 0 resumes with `resume RUN --rendezvous` and rank 1 is started again by hand
+    # with no checkpoint on its side: rank 0 hands it the state, and the run ends with the adapter of
+    # the uninterrupted run.
+    proj = project(tmp, data, "kill", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}})
+    out0, out1 = os.path.join(tmp, "hand-0"), os.path.join(tmp, "hand-1")
+    port = free_port()
+    log = os.path.join(tmp, "hand.log")
+    with open(log, "w") as f:
+        r0 = subprocess.Popen([cli, "train", proj, "--output", out0, "--rank", "0", "--rendezvous", f"127.0.0.1:{port}", "--json"],
+                              stderr=f, env=env)
+    STARTED.append(r0)
+    time.sleep(0.5)
+    r1 = subprocess.Popen([cli, "train", proj, "--output", out1, "--rank", "1", "--rendezvous", f"127.0.0.1:{port}"],
+                          stderr=subprocess.DEVNULL, env=env)
+    STARTED.append(r1)
+    t_end = time.time() + 120
+    while time.time() < t_end and r0.poll() is None:
+        with open(log) as f:
+            if '"step":7,' in f.read():
+                r1.kill()
+                break
+        time.sleep(0.05)
+    try:
+        rc = r0.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        r0.kill()
+        rc = None
+    r1.wait()
+    check("hand-started: rank 0 fails when rank 1 is killed", rc == 1)
+    with sqlite3.connect(env["LORAPIPE_DB"]) as c:
+        run_id = c.execute("SELECT id FROM runs ORDER BY id DESC LIMIT 1").fetchone()[0]
+    port = free_port()
+    r0 = subprocess.Popen([cli, "resume", str(run_id), "--rendezvous", f"127.0.0.1:{port}", "--json"], stderr=subprocess.PIPE, text=True,
+                          env=env)
+    STARTED.append(r0)
+    time.sleep(0.5)
+    fresh = os.path.join(tmp, "hand-1-again")  # nothing of the first attempt on rank 1's side
+    r1 = subprocess.Popen([cli, "train", proj, "--output", fresh, "--rank", "1", "--rendezvous", f"127.0.0.1:{port}"],
+                          stderr=subprocess.PIPE, text=True, env=env)
+    STARTED.append(r1)
+    try:
+        e0 = r0.communicate(timeout=120)[1]
+        e1 = r1.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        r0.kill(), r1.kill()
+        e0 = e1 = "timed out"
+    check("hand-started: resume on rank 0 and a fresh rank 1 complete", r0.returncode == 0 and r1.returncode == 0, f"{e0[-400:]} | {e1[-400:]}")
+    if r0.returncode == 0:
+        rel = max_rel(adapter(out0), adapter(os.path.join(tmp, "kill-ref")))
+        check(f"hand-started: the resumed adapter is the uninterrupted run's (max rel {rel:.1e})", rel == 0.0)
+    check("hand-started: rank 1 had no checkpoint of its own", not os.path.exists(os.path.join(fresh, "checkpoints")))
+
+
 def rank_dead_before_rendezvous(cli, env, tmp, data):
     # Rank 1 SIGKILLs itself as it starts: rank 0 fails at once naming it, not after timeout_s.
     proj = project(tmp, data, "nostart", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 60}})
@@ -262,6 +319,7 @@ def main():
             killed_rank_resumes(args.cli, env, tmp, args.data)
             killed_rank_resumes(args.cli, env, tmp, args.data, resume_processes=1)
             ctrl_c_stops_every_rank(args.cli, env, tmp, args.data)
+            hand_started_resume_without_checkpoint(args.cli, env, tmp, args.data)
             mismatched_ranks_refused(args.cli, env, tmp, args.data)
             rank_dead_before_rendezvous(args.cli, env, tmp, args.data)
             proj = project(tmp, args.data, "bad", "cpu:2", "1f1b")
