@@ -34,6 +34,7 @@ struct plan_inputs {
   const result<fit_limits>& fit;
   const std::vector<what_if_answer>& answers;
   const std::vector<what_if_answer>& faster;  // offload settings that would make the step faster and fit
+  const std::optional<device_order_answer>& order;  // cross mapping of the probed devices
 };
 
 nlohmann::json summary_json(const plan_summary& s) {
@@ -111,6 +112,12 @@ void print_plan_json(const plan_inputs& in) {
     j["probe"]["from_cache"] = probed->from_cache;
     j["probe"]["cache_file"] = probed->cache_file.string();
   }
+  if (in.order) {
+    const auto& o = in.order->order;
+    j["device_order"] = {{"order", o.order}, {"score", o.score}, {"given_score", o.given_score}, {"groups", o.groups},
+                         {"setting", o.setting}, {"why", o.why}, {"given_step_seconds", in.order->given_step_s},
+                         {"mapped_step_seconds", in.order->mapped_step_s}};
+  }
   j["compute"] = rep->compute;
   j["tokens_per_second"] = summarize_plan(in.cfg, *rep).tokens_per_s;
   if (in.profiled) {
@@ -144,6 +151,7 @@ void print_plan_text(const plan_inputs& in) {
               << fmt::format("  the prediction costs copies at {:.2f} GB/s (the slowest measured with every device copying)\n",
                              with_probed_bandwidth(*p, inv).offload.copy_gbps);
   }
+  if (in.order) std::cout << "device order: " << (in.order->order.setting.empty() ? "keep, " : "") << in.order->order.why << "\n";
   std::cout << fmt::format("plan for {}: {} on {} device(s), {} stages, {} micro-batches of {} tokens\n", path, rep->schedule,
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
   std::cout << fmt::format("estimated step {:.3f} s, {} tokens/s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s,
@@ -225,14 +233,29 @@ int cmd_plan(const plan_args& a) {
   for (const auto& q : a.what_if) answers.push_back(what_if(*p, base, q, a.gflops, inv, rep->measured));
   // With the schedule and partition the plan chose held: each flip is one simulation, not a search.
   const auto faster = faster_offload_settings(with_plan_choices(*p, *rep), base, a.gflops, inv, rep->measured);
-  const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers, faster};
+  std::optional<device_order_answer> order;
+  if (inv != nullptr) order = plan_device_order(*p, a.gflops, *inv, rep->measured);
+  const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers, faster, order};
   if (a.json) print_plan_json(in);
   else print_plan_text(in);
   if (a.write) {
     if (!rep->memory_refusal.empty()) return cli_fail(fmt::format("the plan does not fit ({}); {} left as it was", rep->memory_refusal, a.project));
-    if (auto st = write_plan_choices(a.project, *p, *rep); !st) return cli_fail(st.message());
-    std::fputs(fmt::format("wrote the plan's choices to {}: parallel.devices {}, schedule {}\n", a.project, p->parallel.devices,
-                           prog_label(with_plan_choices(*p, *rep))).c_str(), stderr);
+    // The devices in the cross-mapped order, planned again in it (device speeds and capacities move
+    // with their devices, so the partition and the fit may change).
+    project_config chosen = *p;
+    auto written = rep;
+    if (order && !order->order.setting.empty()) {
+      chosen = with_device_order(*p, order->order.order);
+      const device_inventory moved = with_device_order(*inv, order->order.order);
+      written = make_plan(chosen, a.gflops, &moved, rep->measured);
+      if (!written) return cli_fail(written.message());
+      if (!written->memory_refusal.empty())
+        return cli_fail(fmt::format("the cross-mapped order does not fit ({}); {} left as it was", written->memory_refusal, a.project));
+    }
+    if (auto st = write_plan_choices(a.project, chosen, *written); !st) return cli_fail(st.message());
+    std::fputs(fmt::format("wrote the plan's choices to {}: parallel.devices {}{}, schedule {}\n", a.project, chosen.parallel.devices,
+                           chosen.offload.copy_links.empty() ? "" : ", offload.copy_links " + chosen.offload.copy_links,
+                           prog_label(with_plan_choices(chosen, *written))).c_str(), stderr);
   }
   return 0;
 }

@@ -74,8 +74,11 @@ void cli_printer::on_event(const engine_event& ev) {
         } else {
           if (!e.error.empty()) return;  // a failed run: the front-end prints the error once
           end_bar();
-          err("done: {} steps, validation loss {:.4f} -> {:.4f}, {:.0f} tokens/s; adapter in {}{}\n", e.steps,
-              e.first_val_loss, e.final_val_loss, e.mean_tokens_per_s, e.adapter_dir,
+          // A stopped run skips the final validation (0 = not measured), as does a run without validation data.
+          const std::string val = e.first_val_loss == 0 && e.final_val_loss == 0 ? "no validation"
+                                  : e.final_val_loss == 0 ? fmt::format("validation loss {:.4f} (none at the stop)", e.first_val_loss)
+                                                          : fmt::format("validation loss {:.4f} -> {:.4f}", e.first_val_loss, e.final_val_loss);
+          err("done: {} steps, {}, {:.0f} tokens/s; adapter in {}{}\n", e.steps, val, e.mean_tokens_per_s, e.adapter_dir,
               e.stopped_early ? " (stopped early)" : "");
         }
       },

@@ -24,14 +24,22 @@
 
 namespace lorapipe {
 
+namespace {
+std::shared_ptr<shared_link> link_of(const std::vector<std::shared_ptr<shared_link>>& links, int index) {
+  return static_cast<size_t>(index) < links.size() ? links[static_cast<size_t>(index)] : nullptr;
+}
+}  // namespace
+
 cpu_device::cpu_device(int index, const cpu_device_options& o)
     : name_("cpu:" + std::to_string(index)),
       arena_(name_, o.capacity_bytes, 64, /*contiguous=*/false),
-      wup_(name_ + "/h2d-weights", o.copy_bytes_per_s, o.copy_latency_s),
-      up_(name_ + "/h2d", o.copy_bytes_per_s, o.copy_latency_s),
-      down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s),
+      wup_(name_ + "/h2d-weights", o.copy_bytes_per_s, o.copy_latency_s, link_of(o.h2d_link, index)),
+      up_(name_ + "/h2d", o.copy_bytes_per_s, o.copy_latency_s, link_of(o.h2d_link, index)),
+      down_(name_ + "/d2h", o.copy_bytes_per_s, o.copy_latency_s, link_of(o.d2h_link, index)),
       threads_(o.compute_threads),
       fault_(o.copy_fault) {
+  if (static_cast<size_t>(index) < o.copy_link.size() && link_of(o.h2d_link, index))
+    link_ = "copy link " + std::to_string(o.copy_link[static_cast<size_t>(index)]);
   // Speeds are relative: the fastest device runs at the host's speed, the others idle to match.
   if (static_cast<size_t>(index) < o.speed.size() && o.speed[static_cast<size_t>(index)] > 0) {
     speed_ = o.speed[static_cast<size_t>(index)];
@@ -172,7 +180,20 @@ result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::str
     return make_error("parallel.devices: '{}': this build has no CUDA support (configure with LORAPIPE_WITH_CUDA=ON)", spec);
 #endif
   }
-  for (size_t i = 0; i < n; ++i) out.push_back(wanted(i) ? std::make_unique<cpu_device>(static_cast<int>(i), o) : nullptr);
+  cpu_device_options with_links = o;  // devices numbered alike share one link each way
+  if (!o.copy_link.empty()) {
+    if (o.copy_link.size() != n) return make_error("offload.copy_links: {} link numbers for {} devices", o.copy_link.size(), n);
+    std::map<int, std::pair<std::shared_ptr<shared_link>, std::shared_ptr<shared_link>>> links;
+    with_links.h2d_link.clear();
+    with_links.d2h_link.clear();
+    for (int l : o.copy_link) {
+      auto& pair = links[l];
+      if (!pair.first) pair = {std::make_shared<shared_link>(o.copy_bytes_per_s), std::make_shared<shared_link>(o.copy_bytes_per_s)};
+      with_links.h2d_link.push_back(pair.first);
+      with_links.d2h_link.push_back(pair.second);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) out.push_back(wanted(i) ? std::make_unique<cpu_device>(static_cast<int>(i), with_links) : nullptr);
   return out;
 }
 

@@ -122,7 +122,8 @@ std::vector<std::string> memory_plan_warnings(const std::vector<compute_device*>
   for (auto* d : devices) {
     const auto peak = d->measured_gpu_peak_bytes();
     if (!peak) continue;
-    planned[d->gpu()] += d->arena().peak();
+    const auto ws = d->library_workspaces();
+    planned[d->gpu()] += d->arena().peak() + ws.bytes * static_cast<size_t>(ws.count);
     measured[d->gpu()] = std::max(measured[d->gpu()], *peak);
   }
   for (auto* d : devices)

@@ -1,6 +1,7 @@
 // The device interface the pipeline executor drives: a memory arena (capacity-limited, OOM like a
 // GPU), three copy engines (weight upload, activation upload, download: so weight prefetch never
-// delays the critical activation traffic), the tensor copies those engines run, a preallocated
+// waits in line before the critical activation traffic; on a shared link, offload.copy_links, the two
+// uploads take turns), the tensor copies those engines run, a preallocated
 // weight arena that PREFETCH_WEIGHTS places frozen weights in, an exact-size host staging pool, and
 // the setup of a compute thread. Implementations: CPU virtual devices (here) and CUDA devices
 // (offload/cuda/). What differs between them is where memory lives and how bytes get there; the
@@ -55,6 +56,9 @@ class compute_device {
   // the memory plan after the first step (memory_plan_warnings).
   virtual std::optional<size_t> measured_gpu_peak_bytes() const { return std::nullopt; }
   virtual void reset_measured_peak() {}
+  // What its compute libraries hold outside the arenas (CUDA: cuBLAS workspaces), charged by the
+  // memory plan.
+  virtual workspace_charge library_workspaces() const { return {}; }
   // Run on the copy engines' threads: the returned tensor is complete when the call returns.
   // copy_out lands in the staging pool (exact size; pinned on CUDA).
   virtual at::Tensor copy_in(const at::Tensor& host) = 0;
@@ -69,6 +73,9 @@ class compute_device {
   // busy_s to model a slower device. No-op elsewhere.
   virtual void pace_compute(double busy_s) { (void)busy_s; }
   virtual double compute_speed() const { return 1; }
+  // The host link its copies share with other devices ("copy link 1": offload.copy_links on CPU
+  // virtual devices), empty when it has one of its own.
+  virtual std::string shared_link_name() const { return {}; }
   // NCCL transport (CUDA builds, after enable_nccl): stream-ordered send to / receive from the
   // pipeline device `peer`, called on this device's worker thread in program order; no host wait
   // (the received tensor is ready for this device's compute stream). Others throw device_error.
@@ -127,6 +134,11 @@ struct cpu_device_options {
   // Test hook: called with "copy_in", "copy_out" or "copy_from_peer" before each such copy; may throw
   // (a failing transfer).
   std::function<void(const char* what)> copy_fault;
+  // Per device (index -> link number, offload.copy_links; empty: a link of its own each): CPU virtual
+  // devices with the same number share one host link of copy_bytes_per_s each way (make_devices
+  // creates the links: h2d_link and d2h_link by index).
+  std::vector<int> copy_link;
+  std::vector<std::shared_ptr<shared_link>> h2d_link, d2h_link;
 };
 
 // A CPU "virtual device": tensors stay in host RAM, but every byte is accounted in the arena, frozen
@@ -149,6 +161,7 @@ class cpu_device final : public compute_device {
   void enter_compute_thread() override;
   void pace_compute(double busy_s) override;
   double compute_speed() const override { return speed_; }
+  std::string shared_link_name() const override { return link_; }
 
  protected:
   std::shared_ptr<void> allocate_region(size_t bytes) override;
@@ -162,6 +175,7 @@ class cpu_device final : public compute_device {
   copy_engine wup_, up_, down_;
   int threads_;
   std::function<void(const char*)> fault_;
+  std::string link_;
 };
 
 // "cpu", "cpu:N" -> N CPU virtual devices; "cuda:0,1,.." -> CUDA devices (CUDA builds with a GPU;
@@ -203,7 +217,8 @@ bool nccl_available();
 status enable_nccl(const std::vector<compute_device*>& devices, const std::vector<std::pair<int32_t, int32_t>>& links,
                    process_group* group = nullptr, const std::vector<int>& rank_of = {});
 
-// After a step: per GPU, the arena peaks the plan charged its pipeline devices against the allocator
+// After a step: per GPU, the arena peaks the plan charged its pipeline devices (and their cuBLAS
+// workspaces) against the allocator
 // peak plus their weight arenas (plan_drift_warning); resets the measured peaks.
 std::vector<std::string> memory_plan_warnings(const std::vector<compute_device*>& devices);
 // Plan against measurement on one GPU: a warning when what the GPU held differs from what the memory

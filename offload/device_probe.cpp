@@ -8,10 +8,13 @@
 #include <ctime>
 #include <fstream>
 #include <future>
+#include <map>
 #include <memory>
+#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <ATen/ATen.h>
@@ -36,7 +39,7 @@ std::string static_facts(const device_inventory& inv) {
   // current PCIe link drops at idle, so neither is part of the key.
   for (const auto& d : inv.devices)
     j.push_back({d.name, d.kind, d.gpu >= 0 ? size_t{0} : d.capacity_bytes, d.threads, d.speed, d.copy_limit_bytes_per_s, d.gpu,
-                 d.gpu_name, d.pci_bus_id, d.total_bytes, d.sm_count, d.cc_major, d.cc_minor, d.numa_node});
+                 d.gpu_name, d.pci_bus_id, d.total_bytes, d.sm_count, d.cc_major, d.cc_minor, d.numa_node, d.upstream});
   for (const auto& l : inv.links) j.push_back({l.from, l.to, l.direct});
   const auto v = cuda_version_info();
   j.push_back({v.compiled, v.runtime, v.driver});
@@ -135,7 +138,13 @@ struct probe_run {
     double slowest = 0;
     for (size_t i = 0; i < devs.size(); ++i)
       if (usable(i) && throttle(i) > 0) slowest = slowest > 0 ? std::min(slowest, throttle(i)) : throttle(i);
-    if (!may_start(slowest)) return;
+    // Devices behind one shared link copy in turns: the slowest takes as much longer as its link
+    // has devices copying at once.
+    std::map<std::string, int> on_link;
+    int sharing = 1;
+    for (size_t i = 0; i < devs.size(); ++i)
+      if (usable(i) && !inv.devices[i].upstream.empty()) sharing = std::max(sharing, ++on_link[inv.devices[i].upstream.front()]);
+    if (!may_start(slowest / sharing)) return;
     std::vector<std::pair<size_t, timed_copy>> running;
     for (size_t i = 0; i < devs.size(); ++i)
       if (usable(i)) running.emplace_back(i, start(*devs[i], dir, host, on_device[i]));
@@ -217,6 +226,14 @@ void read_pci_link(const std::filesystem::path& root, const std::string& bus_id,
     if (gts > 0 && std::abs(gts - rate) < 0.6) d.pcie_gen = gen;
   d.pcie_width = std::atoi(width.c_str());
   if (!numa.empty()) d.numa_node = std::atoi(numa.c_str());
+  std::error_code ec;
+  const auto real = std::filesystem::canonical(dir, ec);
+  d.upstream.clear();
+  if (ec) return;
+  static const std::regex address("[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]");
+  for (const auto& part : real)
+    if (std::regex_match(part.string(), address)) d.upstream.push_back(part.string());
+  if (!d.upstream.empty()) d.upstream.pop_back();  // the device itself
 }
 
 status describe_gpu(int gpu, probed_device& d) {
@@ -243,6 +260,7 @@ device_inventory describe_inventory(const std::vector<compute_device*>& devices)
     d.threads = dev->compute_threads();
     d.speed = dev->compute_speed();
     d.copy_limit_bytes_per_s = dev->upload().bytes_per_s();
+    if (const std::string link = dev->shared_link_name(); !link.empty()) d.upstream = {link};
     if (d.gpu >= 0)
       if (auto st = describe_gpu(d.gpu, d); !st) d.error = d.name + ": " + st.message();
     inv.devices.push_back(std::move(d));
@@ -285,7 +303,7 @@ std::vector<int> hung_devices(const device_inventory& inv) {
 
 // JSON by field name (nlohmann's macros: every field written, every field required when read).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(probed_device, name, kind, capacity_bytes, threads, speed, copy_limit_bytes_per_s, gpu, gpu_name,
-                                   pci_bus_id, total_bytes, free_bytes, sm_count, cc_major, cc_minor, pcie_gen, pcie_width, numa_node,
+                                   pci_bus_id, total_bytes, free_bytes, sm_count, cc_major, cc_minor, pcie_gen, pcie_width, numa_node, upstream,
                                    h2d_bytes_per_s, d2h_bytes_per_s, h2d_concurrent_bytes_per_s, d2h_concurrent_bytes_per_s, error)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(probed_link, from, to, direct, bytes_per_s, error)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(device_inventory, devices, links, fingerprint, measured, complete, probe_seconds, probe_bytes, when)
@@ -333,6 +351,7 @@ std::string inventory_text(const device_inventory& inv) {
                          d.copy_limit_bytes_per_s > 0 ? fmt::format("throttled to {}", gbs(d.copy_limit_bytes_per_s)) : "unthrottled");
     out += fmt::format("host->device {} alone, {} all at once; device->host {} alone, {} all at once\n", gbs(d.h2d_bytes_per_s),
                        gbs(d.h2d_concurrent_bytes_per_s), gbs(d.d2h_bytes_per_s), gbs(d.d2h_concurrent_bytes_per_s));
+    if (!d.upstream.empty()) out += fmt::format("    upstream: {}\n", fmt::join(d.upstream, " > "));
     if (!d.error.empty()) out += "    problem: " + d.error + "\n";
   }
   if (inv.measured && !inv.complete) out += "  (the probe reached its deadline: what is missing was not measured)\n";

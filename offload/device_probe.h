@@ -33,6 +33,10 @@ struct probed_device {
   int sm_count = 0, cc_major = 0, cc_minor = 0;
   int pcie_gen = 0, pcie_width = 0;  // current link (0 = unknown)
   int numa_node = -1;
+  // What lies between the host and the device, outermost first: for a GPU the PCI bridges (its root
+  // port, then any switch ports), for a CPU virtual device its modelled copy link (offload.copy_links).
+  // Devices with an entry in common share that upstream link. Empty when unknown or not shared.
+  std::vector<std::string> upstream;
   // Measured (bytes/s; 0 = not measured): each device alone, then all devices at once.
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
   double h2d_concurrent_bytes_per_s = 0, d2h_concurrent_bytes_per_s = 0;
@@ -80,7 +84,8 @@ std::vector<int> hung_devices(const device_inventory& inv);
 
 // PCIe link of a PCI device from sysfs (`root` = /sys/bus/pci/devices): generation from
 // current_link_speed ("16.0 GT/s PCIe" -> 4), width from current_link_width, NUMA node; zeros / -1
-// when unknown.
+// when unknown; the bridges above it from the path its entry links to
+// (.../pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:03:00.0: three bridges).
 void read_pci_link(const std::filesystem::path& root, const std::string& bus_id, probed_device& d);
 
 std::string inventory_to_json(const device_inventory& inv);

@@ -1,12 +1,15 @@
 // The device inventory and probe (offload/device_probe.h, core/engine/device_inventory.h) on CPU
 // virtual devices: timed copies bounded by the throttle, a copy engine that hangs is reported within
 // the deadline (the watchdog) and one that fails is reported, the JSON form round-trips, the
-// fingerprint follows the static facts, the cache is reused and refreshed, sysfs PCIe parsing.
+// fingerprint follows the static facts, the cache is reused and refreshed, sysfs PCIe parsing (link,
+// NUMA node, the bridges above a GPU), the cross mapping of GPUs behind shared switches.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/base/errors.h"
@@ -191,6 +194,152 @@ TEST(DeviceProbe, ReadsPcieLinkAndNumaNodeFromSysfs) {
   read_pci_link(t.path, "0000:02:00.0", none);
   EXPECT_EQ(none.pcie_gen, 0);
   EXPECT_EQ(none.numa_node, -1);
+}
+
+// The bridges above a GPU come from the path its sysfs entry links to: a GPU behind a switch has its
+// root port and both switch ports; one on its own root port has that port only.
+TEST(DeviceProbe, ReadsTheBridgesAboveAGpuFromSysfs) {
+  temp_dir t;
+  const auto tree = t.path / "devices" / "pci0000:00";
+  const auto behind_switch = tree / "0000:00:01.0" / "0000:01:00.0" / "0000:02:08.0" / "0000:03:00.0";
+  const auto own_port = tree / "0000:00:03.0" / "0000:05:00.0";
+  std::filesystem::create_directories(behind_switch);
+  std::filesystem::create_directories(own_port);
+  std::filesystem::create_directories(t.path / "bus");
+  std::filesystem::create_directory_symlink(behind_switch, t.path / "bus" / "0000:03:00.0");
+  std::filesystem::create_directory_symlink(own_port, t.path / "bus" / "0000:05:00.0");
+  probed_device a, b;
+  read_pci_link(t.path / "bus", "0000:03:00.0", a);
+  read_pci_link(t.path / "bus", "0000:05:00.0", b);
+  EXPECT_EQ(a.upstream, (std::vector<std::string>{"0000:00:01.0", "0000:01:00.0", "0000:02:08.0"}));
+  EXPECT_EQ(b.upstream, (std::vector<std::string>{"0000:00:03.0"}));
+}
+
+namespace {
+// Four GPUs of which 0 and 1 sit behind one switch and 2 and 3 behind another (Mobius' servers),
+// each copying at `together` x its alone rate when all copy at once.
+device_inventory two_switches(double together) {
+  device_inventory inv;
+  const char* ports[] = {"0000:00:01.0", "0000:00:01.0", "0000:00:02.0", "0000:00:02.0"};
+  for (int g = 0; g < 4; ++g) {
+    probed_device d;
+    d.name = "cuda:" + std::to_string(g) + "#" + std::to_string(g);
+    d.kind = "cuda";
+    d.gpu = g;
+    d.upstream = {ports[g], fmt::format("0000:0{}:00.0", g / 2 + 1), fmt::format("0000:0{}:{:02x}.0", g / 2 + 3, 8 * (g % 2 + 1))};
+    d.h2d_bytes_per_s = d.d2h_bytes_per_s = 12e9;
+    d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = 12e9 * together;
+    inv.devices.push_back(d);
+  }
+  return inv;
+}
+}  // namespace
+
+project_config on_devices(const std::string& spec) {
+  project_config c;
+  c.parallel.devices = spec;
+  return c;
+}
+
+// Mobius' cross mapping: neighbouring pipeline positions go to GPUs behind different switches (the
+// best of all 24 orders by brute force here), unless sharing was measured to cost nothing or there
+// are fewer than three GPUs; device speeds follow their devices.
+TEST(DeviceProbe, CrossMappingKeepsNeighboursOffASharedSwitch) {
+  const device_inventory inv = two_switches(0.5);
+  const device_order o = cross_mapping(inv, on_devices("cuda:0,1,2,3"));
+  ASSERT_EQ(o.groups.size(), 2u);
+  EXPECT_EQ(o.groups[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(o.groups[1], (std::vector<int>{2, 3}));
+  ASSERT_EQ(o.order.size(), 4u);
+  for (size_t k = 0; k + 1 < 4; ++k) EXPECT_NE(o.order[k] / 2, o.order[k + 1] / 2) << "positions " << k << ", " << k + 1;
+  EXPECT_NEAR(o.given_score, 2 + 2 + 1 + 0.5 + 0.5 + 1.0 / 3, 1e-9);
+  EXPECT_LT(o.score, o.given_score);
+  std::vector<std::vector<double>> share(4, std::vector<double>(4, 1.0));
+  for (size_t a = 0; a < 4; ++a)
+    for (size_t b = 0; b < 4; ++b)
+      if (a != b && a / 2 == b / 2) share[a][b] = 2;
+  std::vector<int> perm{0, 1, 2, 3};
+  double best = cross_mapping_score(perm, share);
+  while (std::next_permutation(perm.begin(), perm.end())) best = std::min(best, cross_mapping_score(perm, share));
+  EXPECT_NEAR(o.score, best, 1e-9);
+  std::string gpus;
+  for (size_t k = 0; k < 4; ++k) gpus += (k ? "," : "") + std::to_string(o.order[k]);
+  EXPECT_EQ(o.setting, "parallel.devices cuda:" + gpus);
+  EXPECT_NE(o.why.find("Mobius score"), std::string::npos) << o.why;
+  // The ordinals of the spec move, and the speeds with them.
+  project_config named = on_devices("cuda:4,5,6,7");
+  named.parallel.device_speeds = "1,0.5,0.25,2";
+  const project_config moved = with_device_order(named, cross_mapping(inv, named).order);
+  const double speed_of[] = {1, 0.5, 0.25, 2};
+  std::string want_gpus, want_speeds;
+  for (size_t k = 0; k < 4; ++k) {
+    want_gpus += fmt::format("{}{}", k ? "," : "", 4 + o.order[k]);
+    want_speeds += fmt::format("{}{:g}", k ? "," : "", speed_of[o.order[k]]);
+  }
+  EXPECT_EQ(moved.parallel.devices, "cuda:" + want_gpus);
+  EXPECT_EQ(moved.parallel.device_speeds, want_speeds);
+  // An order that already alternates is kept.
+  device_inventory alternating = inv;
+  std::swap(alternating.devices[1], alternating.devices[2]);
+  const device_order kept = cross_mapping(alternating, on_devices("cuda:0,2,1,3"));
+  EXPECT_TRUE(kept.setting.empty()) << kept.why;
+  EXPECT_DOUBLE_EQ(kept.score, kept.given_score);
+  // Measured: copies as fast together as alone, so the switches cost nothing.
+  const device_order free_links = cross_mapping(two_switches(0.95), on_devices("cuda:0,1,2,3"));
+  EXPECT_TRUE(free_links.setting.empty());
+  EXPECT_TRUE(free_links.groups.empty());
+  // Two GPUs: nothing to reorder.
+  device_inventory pair = inv;
+  pair.devices.resize(2);
+  EXPECT_TRUE(cross_mapping(pair, on_devices("cuda:0,1")).setting.empty());
+  // Pipeline devices on one GPU share everything.
+  device_inventory same = two_switches(0.5);
+  for (auto& d : same.devices) d.upstream.clear();
+  same.devices[1].gpu = 0;
+  const device_order repeated = cross_mapping(same, on_devices("cuda:0,0,2,3"));
+  ASSERT_EQ(repeated.groups.size(), 1u);
+  EXPECT_FALSE(repeated.setting.empty());
+  for (size_t k = 0; k + 1 < 4; ++k) EXPECT_NE(repeated.order[k] + repeated.order[k + 1], 1) << "positions " << k << ", " << k + 1;
+}
+
+// CPU virtual devices sharing modelled links (offload.copy_links 0,0,1,1): the probe measures what
+// the links give (each device alone at the throttle; two on one link about half of it when all copy
+// at once), reports the links, and the cross mapping from that measurement moves the links so that
+// neighbouring positions do not share one.
+TEST(DeviceProbe, SharedCopyLinksAreMeasuredAndCrossMapped) {
+  temp_dir t;
+  project_config cfg = on_devices("cpu:4");
+  cfg.offload.copy_gbps = 0.25;
+  cfg.offload.copy_links = "0,0,1,1";
+  probe_request req;
+  req.cache_dir = t.path;
+  req.options.bytes = size_t{16} << 20;  // 67 ms a copy: the partner engine's late start is small beside it
+  req.options.peers = false;
+  auto out = probe_project_devices(cfg, req);
+  ASSERT_TRUE(out.ok()) << out.message();
+  const auto& inv = out->inventory;
+  ASSERT_EQ(inv.devices.size(), 4u);
+  for (size_t d = 0; d < 4; ++d) {
+    const auto& p = inv.devices[d];
+    EXPECT_EQ(p.upstream, (std::vector<std::string>{"copy link " + std::to_string(d / 2)})) << d;
+    EXPECT_NEAR(p.h2d_bytes_per_s, 0.25e9, 0.05e9) << d;
+    EXPECT_LT(p.h2d_concurrent_bytes_per_s, 0.75 * p.h2d_bytes_per_s) << d << ": two devices on one link copy at once";
+  }
+  const device_order o = cross_mapping(inv, cfg);
+  ASSERT_EQ(o.groups.size(), 2u) << o.why;
+  ASSERT_FALSE(o.setting.empty()) << o.why;
+  const project_config moved = with_device_order(cfg, o.order);
+  EXPECT_EQ(o.setting, "offload.copy_links " + moved.offload.copy_links);
+  EXPECT_EQ(moved.parallel.devices, "cpu:4");
+  for (size_t k = 0; k + 1 < 7; k += 2) EXPECT_NE(moved.offload.copy_links[k], moved.offload.copy_links[k + 2]) << moved.offload.copy_links;
+  EXPECT_TRUE(copy_links(moved).ok()) << copy_links(moved).message();
+  // Without shared links nothing is grouped.
+  project_config own = cfg;
+  own.offload.copy_links.clear();
+  auto plain = probe_project_devices(own, req);
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  for (const auto& p : plain->inventory.devices) EXPECT_TRUE(p.upstream.empty());
+  EXPECT_TRUE(cross_mapping(plain->inventory, own).groups.empty());
 }
 
 // The project-level probe: measured once, then reused from the cache for the same devices and

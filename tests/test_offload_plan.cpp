@@ -1,10 +1,11 @@
 // Torch-free offload planning and memory: the exact-size staging pool, block layouts, the weight
-// arena memory plan (double buffering, fixed slots against fragmentation, resident stages), and the
-// per-link transport choice.
+// arena memory plan (double buffering, fixed slots against fragmentation, resident stages), the
+// per-link transport choice, shared host links' turns, and the cuBLAS workspaces a GPU plan charges.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -12,10 +13,12 @@
 #include <thread>
 
 #include "core/pipeline/cost_model.h"
+#include "core/pipeline/partition_search.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
 #include "offload/device_facts.h"
+#include "offload/copy_engine.h"
 #include "offload/memory_arena.h"
 #include "offload/pinned_registry.h"
 #include "offload/staging_pool.h"
@@ -234,6 +237,44 @@ TEST(DeviceMemory, PipelineDevicesOnOneGpuShareItsBudget) {
   EXPECT_LE(on_gpu0, 18'000u);
 }
 
+// A shared link's turns: one copy alone runs at the link's rate from when it is ready; a copy ready
+// while another holds the link waits for it; a link idle since goes back to "ready".
+TEST(SharedLink, TurnsFollowOneAnotherAtTheLinksRate) {
+  using ms = std::chrono::milliseconds;
+  shared_link link(1e6);  // 1 MB/s: 1000 bytes take 1 ms
+  const shared_link::time_point t0{};
+  EXPECT_EQ(link.reserve(1000, t0 + ms(10)), t0 + ms(11));
+  EXPECT_EQ(link.reserve(1000, t0 + ms(10)), t0 + ms(12));  // ready at the same time: after the first
+  EXPECT_EQ(link.reserve(2000, t0 + ms(11)), t0 + ms(14));
+  EXPECT_EQ(link.reserve(1000, t0 + ms(20)), t0 + ms(21));  // idle from 14 to 20 ms
+  // Two engines alternating turns of 1000 bytes, each ready when its previous turn ends, finish
+  // together at twice the time one alone would take.
+  shared_link two(1e6);
+  shared_link::time_point a = t0, b = t0;
+  for (int turn = 0; turn < 5; ++turn) {
+    a = two.reserve(1000, a);
+    b = two.reserve(1000, b);
+  }
+  EXPECT_EQ(a, t0 + ms(9));
+  EXPECT_EQ(b, t0 + ms(10));
+}
+
+// cuBLAS workspaces as LibTorch sizes them: its default by compute capability, CUBLAS_WORKSPACE_CONFIG
+// summed over its :SIZE:COUNT pairs (KiB), the default again when the variable cannot be parsed.
+TEST(DeviceMemory, CublasWorkspaceFollowsLibTorchsRule) {
+  constexpr size_t mib = size_t{1} << 20;
+  EXPECT_EQ(cublas_workspace_bytes(9, std::nullopt), 32 * mib);   // Hopper
+  EXPECT_EQ(cublas_workspace_bytes(12, std::nullopt), 32 * mib);  // Blackwell (consumer)
+  EXPECT_EQ(cublas_workspace_bytes(8, std::nullopt), 8 * mib + 128 * 1024);  // Ampere, Ada: :4096:2:16:8
+  EXPECT_EQ(cublas_workspace_bytes(0, std::nullopt), 32 * mib);   // unknown: the larger
+  EXPECT_EQ(cublas_workspace_bytes(8, ":4096:8"), 32 * mib);
+  EXPECT_EQ(cublas_workspace_bytes(9, ":4096:2:16:8"), 8 * mib + 128 * 1024);
+  EXPECT_EQ(cublas_workspace_bytes(9, ":16:8"), 128u * 1024);
+  EXPECT_EQ(cublas_workspace_bytes(8, "garbage"), 8 * mib + 128 * 1024);
+  EXPECT_EQ(compute_workspaces(-1, 9).count, 0);  // CPU virtual devices hold none
+  EXPECT_EQ(compute_workspaces(0, 8).count, cublas_workspaces_per_device);
+}
+
 // Page-locked weights under a budget, shared by a pipeline's devices: each buffer registered once,
 // nothing beyond the budget (the device copies those through its bounce buffer), buffers someone
 // else pinned counted but never unregistered here, everything released with the registry.
@@ -409,4 +450,38 @@ TEST(AutoSchedule, ValidationTreatsAutoAsAPipelineOnSeveralDevices) {
   c.parallel.devices = "cpu";
   st = validate_project(c);
   EXPECT_EQ(st.message().find("run.grad_accum"), std::string::npos) << st.message();
+}
+
+// The memory plan of a project on GPUs charges each pipeline device its cuBLAS workspaces (resident
+// for the whole run, so its peak rises by exactly that); CPU virtual devices are charged nothing.
+TEST(DeviceMemory, PlanChargesCublasWorkspacesOnCudaDevices) {
+  const llama_config mc = synthetic_llama();
+  project_config cpu;
+  cpu.parallel.devices = "cpu:2";
+  cpu.parallel.schedule = "1f1b";
+  cpu.run.batch_size = 4;
+  cpu.data.seq_len = 128;
+  project_config gpu = cpu;
+  gpu.parallel.devices = "cuda:0,1";
+  auto p = project_program(cpu, mc, 100);
+  ASSERT_TRUE(p.ok()) << p.message();
+  const memory_plan on_cpu = project_memory_plan(*p, mc, cpu, 100), on_gpu = project_memory_plan(*p, mc, gpu, 100);
+  const double ws = static_cast<double>(cublas_workspace_bytes(0, cublas_workspace_config()) * cublas_workspaces_per_device);
+  ASSERT_EQ(on_cpu.devices.size(), 2u);
+  ASSERT_EQ(on_gpu.devices.size(), 2u);
+  for (size_t d = 0; d < 2; ++d) {
+    EXPECT_NEAR(on_gpu.devices[d].peak_bytes - on_cpu.devices[d].peak_bytes, ws, 1.0) << d;
+    int charged = 0;
+    for (const auto& b : on_gpu.buffers)
+      if (b.home == static_cast<int32_t>(d) && b.name == "cuBLAS workspaces") charged += b.count;
+    EXPECT_EQ(charged, cublas_workspaces_per_device) << d;
+    for (const auto& b : on_cpu.buffers) EXPECT_NE(b.name, "cuBLAS workspaces");
+  }
+  // Capacities between the CPU plan's peaks and the GPU plan's: the GPU plan is refused.
+  std::vector<size_t> cap;
+  for (const auto& d : on_cpu.devices) cap.push_back(static_cast<size_t>(d.peak_bytes + ws / 2));
+  const status st = check_memory_plan(on_gpu, cap, {"cuda:0#0", "cuda:1#1"});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cuda:"), std::string::npos) << st.message();
+  EXPECT_TRUE(check_memory_plan(on_cpu, cap, {"cpu:0", "cpu:1"}).ok());
 }

@@ -251,9 +251,31 @@ TEST(Partition, FieldsAreValidatedByName) {
   EXPECT_EQ(j["parallel"]["partition"], "auto");
   j["parallel"].erase("partition");
   j["parallel"].erase("device_speeds");
+  j["offload"].erase("copy_links");
   j.erase("distributed");
   const std::string old_text = j.dump(2) + "\n";
   EXPECT_EQ(h, sha256_hex(old_text.data(), old_text.size()));
+  {  // offload.copy_links: one link number per CPU virtual device, with a bandwidth; set, it changes the hash
+    project_config l;
+    l.parallel.devices = "cpu:4";
+    EXPECT_TRUE(copy_links(l).value().empty());
+    l.offload.copy_links = "0,0,1,1";
+    EXPECT_NE(copy_links(l).message().find("offload.copy_links: a shared link needs a bandwidth"), std::string::npos) << copy_links(l).message();
+    l.offload.copy_gbps = 2;
+    EXPECT_EQ(copy_links(l).value(), (std::vector<int>{0, 0, 1, 1}));
+    project_config unlinked = l;
+    unlinked.offload.copy_links.clear();
+    EXPECT_NE(config_hash(l), config_hash(unlinked));
+    for (const std::string bad : {"0,1", "0,1,2,x", "0,1,2,1.5", "0,1,2,99"}) {
+      l.offload.copy_links = bad;
+      EXPECT_EQ(copy_links(l).message().rfind("offload.copy_links: ", 0), 0u) << bad << ": " << copy_links(l).message();
+      EXPECT_NE(validate_project(l).message().find("offload.copy_links"), std::string::npos) << bad;
+    }
+    l.parallel.devices = "cuda:0,1,2,3";
+    l.offload.copy_links = "0,0,1,1";
+    EXPECT_NE(validate_project(l).message().find("offload.copy_links: models the host links of CPU virtual devices"), std::string::npos)
+        << validate_project(l).message();
+  }
   {  // the distributed section, each rejection naming its field
     project_config v;  // (no model or data: those errors come along, and are not looked at)
     v.parallel.devices = "cpu:2";

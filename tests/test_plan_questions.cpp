@@ -1,8 +1,8 @@
 // Questions asked of a plan (core/engine/plan_questions.h) on the stories260K Llama: settings given
 // as text (set_project_field), what-if answers equal to planning the changed project directly, the
 // device shorthands (+N/-N, p2p), the largest sequence length and micro-batch that fit (one more is
-// refused by the same memory plan), writing the plan's choices into a project file, and the layer
-// profiler with its cache.
+// refused by the same memory plan), writing the plan's choices into a project file, the layer
+// profiler with its cache, and shared host links with the device order checked by the simulator.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -327,4 +327,60 @@ TEST(PlanQuestions, FasterOffloadSettingsFitAndAreFaster) {
     EXPECT_NE(a.question, "offload.recompute=off");
     EXPECT_TRUE(a.after.refusal.empty());
   }
+}
+
+namespace {
+// Four CPU virtual devices as a probe sees them on offload.copy_links 0,0,1,1: each alone at the
+// throttle, half of it with every device copying.
+device_inventory four_on_two_links(double bytes_per_s) {
+  device_inventory inv;
+  for (int d = 0; d < 4; ++d) {
+    probed_device p;
+    p.name = "cpu:" + std::to_string(d);
+    p.kind = "cpu";
+    p.upstream = {"copy link " + std::to_string(d / 2)};
+    p.h2d_bytes_per_s = p.d2h_bytes_per_s = bytes_per_s;
+    p.h2d_concurrent_bytes_per_s = p.d2h_concurrent_bytes_per_s = bytes_per_s / 2;
+    inv.devices.push_back(p);
+  }
+  inv.measured = true;
+  return inv;
+}
+}  // namespace
+
+// Shared links in the plan: the probe's groups are costed as links (the simulator books the copies
+// of a group on one link each way, so a plan whose copies collide on them predicts a longer step
+// than the same with a link each), and the cross-mapped order is taken only when the simulator
+// predicts it faster, with both predictions reported.
+TEST(PlanQuestions, SharedLinksAreCostedAndTheDeviceOrderIsChecked) {
+  project_config c = stories_pipeline();
+  c.parallel.devices = "cpu:4";
+  c.parallel.schedule = "round-robin";
+  c.parallel.partition = "auto";
+  c.offload.copy_gbps = 0.02;
+  c.offload.copy_links = "0,0,1,1";
+  const device_inventory inv = four_on_two_links(0.02e9);
+  const project_config costed = with_probed_bandwidth(c, inv);
+  EXPECT_EQ(costed.offload.copy_links, "0,0,1,1");
+  EXPECT_DOUBLE_EQ(costed.offload.copy_gbps, 0.02);  // the rate alone: the links do the sharing
+  project_config own = c;
+  own.offload.copy_links.clear();
+  auto shared = make_plan(c, 100), separate = make_plan(own, 100);
+  ASSERT_TRUE(shared.ok()) << shared.message();
+  ASSERT_TRUE(separate.ok()) << separate.message();
+  EXPECT_GT(shared->sim.makespan_s, separate->sim.makespan_s * 1.01) << "copies on shared links take turns";
+
+  const device_order_answer a = plan_device_order(c, 100, inv, nullptr);
+  ASSERT_GT(a.given_step_s, 0);
+  ASSERT_GT(a.mapped_step_s, 0);
+  auto given = make_plan(c, 100, &inv);
+  ASSERT_TRUE(given.ok()) << given.message();
+  EXPECT_DOUBLE_EQ(a.given_step_s, given->sim.makespan_s);
+  EXPECT_EQ(a.order.setting.empty(), a.mapped_step_s > 0.99 * a.given_step_s) << a.order.why;
+  EXPECT_NE(a.order.why.find(a.order.setting.empty() ? "simulator predicts no gain" : "predicted step"), std::string::npos) << a.order.why;
+  // Without sharing that costs anything, nothing is proposed.
+  device_inventory quiet = inv;
+  for (auto& d : quiet.devices) d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = d.h2d_bytes_per_s;
+  EXPECT_TRUE(plan_device_order(c, 100, quiet, nullptr).order.setting.empty());
+  EXPECT_TRUE(with_probed_bandwidth(own, quiet).offload.copy_links.empty());
 }

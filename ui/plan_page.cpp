@@ -266,7 +266,7 @@ void PlanPage::replan() {
     // The memory plan at each device's peak, by buffer (what the executor checks before it allocates).
     const std::vector<std::pair<QString, QStringList>> groups{
         {tr("frozen weights (arena)"), {"weight arena"}},
-        {tr("LoRA weights, RoPE tables"), {"LoRA weights", "RoPE tables"}},
+        {tr("LoRA, RoPE tables, cuBLAS"), {"LoRA weights", "RoPE tables", "cuBLAS workspaces"}},
         {tr("activations, gradients, inputs"), {"activations", "inputs"}},
         {tr("checkpoints"), {"checkpoints"}},
         {tr("autograd graphs"), {"graphs"}},

@@ -390,8 +390,10 @@ void TrainPage::onEvent(const engine_event& ev) {
           measured_->setTimeline(tr("Measured step %1: %2 s").arg(e.step).arg(e.measured_step_s, 0, 'g', 4), rows, barsOf(e.measured), span);
           predicted_->setTimeline(tr("Predicted (calibrated simulator): %1 s").arg(e.predicted_step_s, 0, 'g', 4), rows, barsOf(e.predicted), span);
         } else if constexpr (std::is_same_v<T, run_finished_event>) {
-          status_->setText(tr("Run %1 %2 after %3 steps · final validation loss %4 · %5 tokens/s")
-                               .arg(run_id_).arg(QString::fromStdString(e.status)).arg(e.steps).arg(e.final_val_loss, 0, 'f', 4)
+          // A stopped run skips the final validation (0 = not measured).
+          const QString val = e.final_val_loss > 0 ? tr("final validation loss %1").arg(e.final_val_loss, 0, 'f', 4) : tr("no final validation");
+          status_->setText(tr("Run %1 %2 after %3 steps · %4 · %5 tokens/s")
+                               .arg(run_id_).arg(QString::fromStdString(e.status)).arg(e.steps).arg(val)
                                .arg(e.mean_tokens_per_s, 0, 'f', 0));
           if (e.status == "failed") showError(tr("Run %1 failed: %2").arg(run_id_).arg(QString::fromStdString(e.error)));
           resumable_ = e.status != "completed";

@@ -1,11 +1,13 @@
 // The project's devices probed for the planner: the inventory of offload/device_probe.h for the
 // devices parallel.devices names, created with the project's settings, measured once and cached by
 // fingerprint (same hardware and settings: the cached measurement is reused). What `plan --probe`
-// prints and the GUI can show.
+// prints and the GUI can show; the order of the GPUs that keeps neighbouring stages off a shared
+// PCIe link (Mobius' cross mapping).
 #pragma once
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/base/result.h"
 #include "core/project/project.h"
@@ -31,8 +33,36 @@ std::filesystem::path default_probe_cache_dir();
 result<probe_outcome> probe_project_devices(const project_config& cfg, const probe_request& req);
 // The project as the planner should cost it on the probed devices: offload.copy_gbps becomes the
 // slowest copy rate measured with all devices copying at once (both directions), so the simulator's
-// copies take what the hardware gives (CUDA devices otherwise plan with free copies). Unchanged
-// when nothing was measured.
+// copies take what the hardware gives (CUDA devices otherwise plan with free copies). Where devices
+// share an upstream link that slows them (cross_mapping's groups), the links are costed instead:
+// offload.copy_links numbers the groups (also on GPUs: the simulator then books their copies on
+// one link each way) and offload.copy_gbps is the slowest rate measured alone. Unchanged when
+// nothing was measured.
 project_config with_probed_bandwidth(const project_config& cfg, const device_inventory& inv);
+
+// Mobius' cross mapping: which GPU runs each pipeline position. Neighbouring stages prefetch their
+// weights at overlapping times, so they should not sit behind one upstream PCIe link. Two devices
+// share a link when they are the same GPU or the PCI bridges above them (probed_device::upstream)
+// have one in common; a group is the devices joined that way. Every order is scored with Mobius'
+// sum over positions i < j of shared(i, j) / (j - i), shared being the size of their group when they
+// share a link and 1 otherwise; the lowest score wins, the given order on ties. A group whose
+// devices were measured to copy at least 90% as fast all at once as alone does not count as shared
+// (sharing costs nothing there). Up to 8 devices (more keep their order); CPU virtual devices are
+// reordered through their modelled links (offload.copy_links).
+struct device_order {
+  std::vector<int> order;                // order[k]: the device (position in parallel.devices) to run position k
+  double score = 0, given_score = 0;     // of `order` and of the given order
+  std::vector<std::vector<int>> groups;  // devices sharing an upstream link that costs (2 or more each)
+  std::string setting;                   // "parallel.devices cuda:0,2,1,3" / "offload.copy_links 0,1,0,1"; empty when the given order is kept
+  std::string why;                       // one line for `plan`
+};
+device_order cross_mapping(const device_inventory& inv, const project_config& cfg);
+// The project with its devices in `order` (order[k]: the device that takes position k): the GPUs of
+// parallel.devices, or for CPU virtual devices offload.copy_links; parallel.device_speeds follows.
+project_config with_device_order(const project_config& cfg, const std::vector<int>& order);
+// The inventory with its devices (and links) in `order`, for planning the reordered project.
+device_inventory with_device_order(const device_inventory& inv, const std::vector<int>& order);
+// Mobius' score of an order (positions -> devices) under `share[a][b]` (1 when a and b do not share).
+double cross_mapping_score(const std::vector<int>& order, const std::vector<std::vector<double>>& share);
 
 }  // namespace lorapipe

@@ -65,6 +65,19 @@ void refit_per_device(project_config& c, const project_config& before, const std
     changes.push_back({"parallel.device_speeds", c.parallel.device_speeds, after});
     c.parallel.device_speeds = after;
   }
+  const bool to_gpus = c.parallel.devices.rfind("cuda", 0) == 0;
+  if ((n != device_count(before.parallel.devices) || to_gpus) && !given.count("offload.copy_links") && !c.offload.copy_links.empty()) {
+    // Cut, or an added device gets a link of its own (the lowest unused numbers); GPUs have no
+    // modelled links.
+    const auto given_links = copy_links(before);
+    std::vector<int> links = given_links ? *given_links : std::vector<int>{};
+    links.resize(std::min(links.size(), static_cast<size_t>(std::max<int64_t>(0, n))));
+    for (int k = 0; static_cast<int64_t>(links.size()) < n && k < 64; ++k)
+      if (std::find(links.begin(), links.end(), k) == links.end()) links.push_back(k);
+    const std::string after = to_gpus ? "" : fmt::format("{}", fmt::join(links, ","));
+    changes.push_back({"offload.copy_links", c.offload.copy_links, after});
+    c.offload.copy_links = after;
+  }
 }
 
 }  // namespace
@@ -201,6 +214,32 @@ std::vector<what_if_answer> faster_offload_settings(const project_config& cfg, c
   return out;
 }
 
+device_order_answer plan_device_order(const project_config& cfg, double gflops, const device_inventory& probe,
+                                      std::shared_ptr<const measured_compute> profile) {
+  device_order_answer a;
+  a.order = cross_mapping(probe, cfg);
+  if (a.order.setting.empty()) return a;
+  const std::string candidate = a.order.setting;
+  const auto keep = [&](const std::string& why) {
+    a.order.setting.clear();
+    a.order.why = fmt::format("{} would be the cross-mapped order, but {}", candidate, why);
+    return a;
+  };
+  const auto given = make_plan(cfg, gflops, &probe, profile);
+  const project_config moved_cfg = with_device_order(cfg, a.order.order);
+  const device_inventory moved_inv = with_device_order(probe, a.order.order);
+  const auto mapped = make_plan(moved_cfg, gflops, &moved_inv, profile);
+  if (!given || !mapped) return keep("it could not be planned: " + (given ? mapped.message() : given.message()));
+  a.given_step_s = given->sim.makespan_s;
+  a.mapped_step_s = mapped->sim.makespan_s;
+  if (!mapped->memory_refusal.empty()) return keep("it does not fit: " + mapped->memory_refusal);
+  if (a.mapped_step_s > 0.99 * a.given_step_s)
+    return keep(fmt::format("the simulator predicts no gain from it ({:.4f} s a step against {:.4f} s as given)", a.mapped_step_s, a.given_step_s));
+  a.order.why += fmt::format("; predicted step {:.4f} s against {:.4f} s as given ({:+.1f}%)", a.mapped_step_s, a.given_step_s,
+                             100 * (a.mapped_step_s / a.given_step_s - 1));
+  return a;
+}
+
 std::vector<size_t> project_capacity(const project_config& cfg, const device_inventory* probe) {
   const int64_t n = std::max<int64_t>(1, device_count(cfg.parallel.devices));
   std::vector<size_t> cap(static_cast<size_t>(n), 0);
@@ -302,11 +341,14 @@ status write_plan_choices(const std::filesystem::path& project_file, const proje
   auto& par = j["parallel"];
   if (!par.is_object()) par = nlohmann::ordered_json::object();
   par["devices"] = chosen.parallel.devices;
+  if (!chosen.parallel.device_speeds.empty()) par["device_speeds"] = chosen.parallel.device_speeds;
   par["schedule"] = chosen.parallel.schedule;
   if (chosen.parallel.schedule != "single") {
     par["micro_batches"] = chosen.parallel.micro_batches;
     par["partition"] = chosen.parallel.partition;
   }
+  // (after the last use of `par`: a new top-level key may move it)
+  if (!chosen.offload.copy_links.empty()) j["offload"]["copy_links"] = chosen.offload.copy_links;
   const std::string out = j.dump(2) + "\n";
   // What is written must read back as a valid project (same folder, same relative paths).
   LP_TRY_ASSIGN(back, parse_project(out, project_file));

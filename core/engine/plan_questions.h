@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/base/result.h"
+#include "core/engine/device_inventory.h"
 #include "core/engine/plan_report.h"
 #include "core/project/project.h"
 
@@ -71,6 +72,17 @@ std::string what_if_text(const what_if_answer& a);
 std::vector<what_if_answer> faster_offload_settings(const project_config& cfg, const plan_summary& base, double gflops,
                                                     const device_inventory* probe, std::shared_ptr<const measured_compute> profile);
 
+// The device order for the plan (Mobius' cross mapping checked by the simulator): cross_mapping's
+// order is planned in full (devices, speeds and capacities moved with their devices, shared links
+// costed: with_probed_bandwidth) and kept only when its predicted step is at least 1% faster than
+// the given order's and it fits; otherwise `order.setting` is empty and `order.why` says why.
+struct device_order_answer {
+  device_order order;
+  double given_step_s = 0, mapped_step_s = 0;  // predicted (0 = not planned)
+};
+device_order_answer plan_device_order(const project_config& cfg, double gflops, const device_inventory& probe,
+                                      std::shared_ptr<const measured_compute> profile);
+
 // The memory each pipeline device may use: the probe's capacities when given, else
 // offload.device_memory_mb on every device; 0 = unbounded (CPU devices without a limit; CUDA
 // devices are known only from a probe).
@@ -95,8 +107,9 @@ std::string fit_limits_text(const fit_limits& f, const project_config& cfg);
 project_config with_plan_choices(const project_config& cfg, const plan_report& rep);
 
 // The project file with the plan's choices stored: parallel.schedule, micro_batches and partition
-// (and parallel.devices / schedule overrides the plan was made with); other fields and their order
-// are kept as the file has them. Written atomically.
+// (and parallel.devices / schedule overrides the plan was made with; the device order, device speeds
+// and copy links of `planned`); other fields and their order are kept as the file has them. Written
+// atomically.
 status write_plan_choices(const std::filesystem::path& project_file, const project_config& planned, const plan_report& rep);
 
 }  // namespace lorapipe

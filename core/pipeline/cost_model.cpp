@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/base/device_spec.h"
 #include "core/pipeline/partition_search.h"
 #include "core/project/lora_target.h"
 #include "offload/memory_arena.h"
@@ -167,6 +168,8 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
   // Speeds matter between pipeline devices (a single-device run is not paced).
   if (auto speeds = device_speeds(cfg); speeds && p.num_devices() > 1 && static_cast<int32_t>(speeds->size()) == p.num_devices())
     c.device_speed = *speeds;
+  if (auto links = copy_links(cfg); links && p.num_devices() > 1 && static_cast<int32_t>(links->size()) == p.num_devices())
+    c.copy_link.assign(links->begin(), links->end());
   return c;
 }
 
@@ -202,16 +205,34 @@ memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t e
   return in;
 }
 
+std::vector<workspace_charge> device_workspaces(const project_config& cfg, int32_t devices) {
+  std::vector<workspace_charge> out(static_cast<size_t>(std::max(0, devices)));
+  const auto spec = parse_device_spec(cfg.parallel.devices);
+  if (!spec || spec->count() != devices) return out;
+  for (size_t d = 0; d < spec->gpus.size(); ++d) out[static_cast<size_t>(spec->cpus) + d] = compute_workspaces(spec->gpus[d], 0);
+  return out;
+}
+
+namespace {
+
+memory_inputs project_memory_inputs(const program& p, const llama_config& c, const project_config& cfg) {
+  memory_inputs in = memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets);
+  in.workspaces = device_workspaces(cfg, p.num_devices());
+  return in;
+}
+
+}  // namespace
+
 memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates) {
   const sim_costs costs = estimate_costs(p, c, cfg, rates);
   const sim_result sim = simulate(p, costs);
-  return make_memory_plan(p, costs, sim, memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
+  return make_memory_plan(p, costs, sim, project_memory_inputs(p, c, cfg));
 }
 
 memory_plan checked_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates,
                                 const sim_costs& costs, const sim_result& sim) {
   if (rates.measured || rates.gflops != auto_schedule_gflops) return project_memory_plan(p, c, cfg, auto_schedule_gflops);
-  return make_memory_plan(p, costs, sim, memory_inputs_of(p, c, compute_element_bytes(cfg), cfg.lora.r, cfg.lora.targets));
+  return make_memory_plan(p, costs, sim, project_memory_inputs(p, c, cfg));
 }
 
 namespace {

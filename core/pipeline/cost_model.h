@@ -82,7 +82,11 @@ sim_costs flop_costs(const program& p, const llama_config& c, int64_t rows, int6
 // lora_targets: names as in lora.targets (fit_lora_targets applied here).
 memory_inputs memory_inputs_of(const program& p, const llama_config& c, size_t elem, int64_t lora_r,
                                const std::vector<std::string>& lora_targets);
-// The project's memory plan for its program (estimate_costs at `gflops` for the timing).
+// The cuBLAS workspaces each of the project's `devices` pipeline devices holds outside its arenas:
+// cublas_workspaces_per_device on a CUDA device, sized for an unknown compute capability (the larger
+// default) unless CUBLAS_WORKSPACE_CONFIG says otherwise; none on CPU virtual devices.
+std::vector<workspace_charge> device_workspaces(const project_config& cfg, int32_t devices);
+// The project's memory plan for its program (workspaces included) (estimate_costs at `gflops` for the timing).
 memory_plan project_memory_plan(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates);
 
 // The memory plan the executor checks (project_memory_plan at auto_schedule_gflops), for a program
@@ -92,7 +96,8 @@ memory_plan checked_memory_plan(const program& p, const llama_config& c, const p
 
 // Simulator costs for the project's program: compute from `rates` (FLOPs at a throughput, or the
 // layer profile; a stage whose forward is recomputed later runs it without autograd), exact stage weight bytes, boundary activation bytes, stash bytes, copy
-// bandwidth from offload.copy_gbps, device speeds from parallel.device_speeds, recompute granularity
+// bandwidth from offload.copy_gbps, shared host links from offload.copy_links, device speeds from
+// parallel.device_speeds, recompute granularity
 // from offload.recompute_granularity; steady state
 // (cross-iteration prefetches already resident).
 sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates);

@@ -105,6 +105,11 @@ memory_plan make_memory_plan(const program& p, const sim_costs& costs, const sim
     resident.emplace_back("RoPE tables", rounded(static_cast<double>(in.rope_bytes)));
     plan.buffers.push_back({"LoRA weights", d, lora, 1, "step"});
     plan.buffers.push_back({"RoPE tables", d, static_cast<double>(in.rope_bytes), 1, "step"});
+    if (static_cast<size_t>(d) < in.workspaces.size() && in.workspaces[static_cast<size_t>(d)].count > 0) {
+      const auto& ws = in.workspaces[static_cast<size_t>(d)];
+      resident.emplace_back("cuBLAS workspaces", static_cast<double>(ws.bytes) * ws.count);
+      plan.buffers.push_back({"cuBLAS workspaces", d, static_cast<double>(ws.bytes), ws.count, "whole run (outside the arenas)"});
+    }
     std::vector<mem_event> events;
     std::map<mem_kind, std::pair<double, int32_t>> allocs;  // kind -> (largest, count)
     for (const auto& e : sim.memory.at(static_cast<size_t>(d))) {

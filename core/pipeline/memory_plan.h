@@ -16,6 +16,7 @@
 #include "core/base/result.h"
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
+#include "offload/device_facts.h"
 
 namespace lorapipe {
 
@@ -28,6 +29,8 @@ struct memory_inputs {
   size_t lora_master_bytes = 0;             // f32 LoRA parameters on the host (gradients and AdamW
                                             // moments take as much again each)
   size_t alignment = 512;                   // every device block rounded up to this (CUDA: 512; CPU devices: 64)
+  std::vector<workspace_charge> workspaces; // per device: cuBLAS workspaces outside the arenas (CUDA;
+                                            // none on CPU devices or when empty)
 };
 
 // Per device and on the host ("host" = -1): one buffer of the plan.
@@ -46,7 +49,7 @@ struct device_peak {
                                    // device's arena peak comes to; <= peak_bytes)
   double at_s = 0;        // when (simulated step time)
   // What is held at that moment, by buffer kind: "weight arena", "LoRA weights", "RoPE tables",
-  // then mem_kind_name() of the simulated kinds other than weights.
+  // "cuBLAS workspaces" (CUDA), then mem_kind_name() of the simulated kinds other than weights.
   std::vector<std::pair<std::string, double>> held;
 };
 

@@ -39,8 +39,10 @@ status pipeline_executor::impl::check_memory(const std::vector<micro_batch>& mbs
     memory_inputs in;
     in.arenas = weight_plan;
     in.alignment = 1;
-    for (auto* d : devs)
+    for (auto* d : devs) {
       if (d != nullptr) in.alignment = std::max(in.alignment, d->arena().alignment());
+      in.workspaces.push_back(d != nullptr ? d->library_workspaces() : workspace_charge{});
+    }
     for (const auto& layer : lora.layers) {
       size_t b = 0;
       for (const auto& pair : layer) b += (pair.a.defined() ? pair.a.numel() + pair.b.numel() : 0) * w.embed.element_size();

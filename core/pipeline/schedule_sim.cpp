@@ -45,12 +45,16 @@ using key = std::tuple<char, int32_t, int32_t, int32_t>;
 // have served it then).
 struct engine {
   std::map<double, double> busy;  // start -> end
-  double reserve(double t, double dur) {
+  double fit(double t, double dur) const {  // the first gap from t that fits dur
     for (auto it = busy.begin(); it != busy.end(); ++it) {
       if (it->second <= t) continue;
       if (it->first >= t + dur) break;
       t = std::max(t, it->second);
     }
+    return t;
+  }
+  double reserve(double t, double dur) {
+    t = fit(t, dur);
     if (dur > 0) busy[t] = t + dur;
     return t;
   }
@@ -403,7 +407,7 @@ class sim_run {
     const key local{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d};
     if (!has(local)) return false;
     const double down = transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
-    const double t1 = ds.d2h.reserve(std::max(ds.clock, ready_[local]), down) + down;
+    const double t1 = book(d, ds.d2h, false, std::max(ds.clock, ready_[local]), down) + down;
     ds.pending_free.push_back({t1, -act_, mem_kind::activations, -1, in.micro, t1});
     ready_[{msg.kind, msg.boundary, in.micro, in.peer}] = t1;  // in host staging; the RECV uploads it
     return true;
@@ -419,11 +423,26 @@ class sim_run {
     auto& ds = dev_[d];
     const double gate = ds.computes > 0 ? ds.last_start : 0.0;
     const double up = transfer(act_, c_.h2d_bytes_per_s, c_.copy_latency_s);
-    const double t2 = ds.h2d.reserve(std::max(ready_[mail], gate), up);
+    const double t2 = book(d, ds.h2d, true, std::max(ready_[mail], gate), up);
     ds.mem.push_back({gate, act_, mem_kind::activations, -1, in.micro, t2});
     ds.clock = std::max(ds.clock, t2 + up);  // the device thread blocks until it arrives
     ready_[{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d}] = dev_[d].clock;
     return true;
+  }
+
+  // A copy on one of device d's engines that, with a shared link, also needs the link (uploads or
+  // downloads of every device on it, one at a time): the first time from t when both are free.
+  double book(int32_t d, engine& own, bool up, double t, double dur) {
+    const auto l = static_cast<size_t>(d) < c_.copy_link.size() ? c_.copy_link[static_cast<size_t>(d)] : -1;
+    if (l < 0) return own.reserve(t, dur);
+    engine& link = (up ? link_up_ : link_down_)[l];
+    for (int guard = 0; guard < 100000; ++guard) {
+      const double a = own.fit(t, dur), b = link.fit(a, dur);
+      t = b;
+      if (b == a) break;
+    }
+    link.reserve(t, dur);
+    return own.reserve(t, dur);
   }
 
   bool prefetch(int32_t d, const instr& in) {
@@ -436,7 +455,7 @@ class sim_run {
       return true;
     }
     const double up = transfer(c_.weight_bytes[s], c_.h2d_bytes_per_s, c_.weight_bytes[s] > 0 ? c_.copy_latency_s : 0);
-    const double t = ds.wh2d.reserve(ds.clock, up);
+    const double t = book(d, ds.wh2d, true, ds.clock, up);
     ready_[weights(d, s)] = t + up;
     charge(d, t, c_.weight_bytes[s], mem_kind::weights, s, -1);
     return true;
@@ -455,7 +474,7 @@ class sim_run {
     const key ck{'c', st.first_layer, in.micro, d};
     if (!has(ck)) return false;
     const double down = transfer(bounds_bytes(in.stage), c_.d2h_bytes_per_s, c_.copy_latency_s);
-    const double t1 = ds.d2h.reserve(std::max(ds.clock, ready_[ck]), down) + down;
+    const double t1 = book(d, ds.d2h, false, std::max(ds.clock, ready_[ck]), down) + down;
     for (int32_t b : bounds(in.stage)) ds.pending_free.push_back({t1, -checkpoint_bytes(b), mem_kind::checkpoints, in.stage, in.micro, t1});
     ready_[{'H', st.first_layer, in.micro, -1}] = t1;
     return true;
@@ -467,7 +486,7 @@ class sim_run {
     const key hk{'H', st.first_layer, in.micro, -1};
     if (!has(hk)) return false;
     const double up = transfer(bounds_bytes(in.stage), c_.h2d_bytes_per_s, c_.copy_latency_s);
-    const double t = ds.h2d.reserve(std::max(ds.clock, ready_[hk]), up);
+    const double t = book(d, ds.h2d, true, std::max(ds.clock, ready_[hk]), up);
     for (int32_t b : bounds(in.stage))  // charged when the upload is queued
       charge(d, std::max(ds.clock, ready_[hk]), checkpoint_bytes(b), mem_kind::checkpoints, in.stage, in.micro);
     ready_[{'c', st.first_layer, in.micro, d}] = t + up;
@@ -503,6 +522,7 @@ class sim_run {
   const sim_costs& c_;
   const int32_t D_;
   std::vector<device_state> dev_;
+  std::map<int32_t, engine> link_up_, link_down_;  // shared host links (sim_costs::copy_link)
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
   const double act_;
   std::map<int32_t, std::set<int32_t>> ckpt_;  // forward stage -> boundaries it checkpoints

@@ -36,6 +36,10 @@ struct sim_costs {
   bool backward_includes_recompute = false;
   double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
   double d2h_bytes_per_s = 0;
+  // Per device: the host link its copies share with the devices of the same number (GPUs behind one
+  // PCIe switch, offload.copy_links), one copy at a time each way at the rates above; empty or
+  // negative = a link of its own (its three engines independent).
+  std::vector<int32_t> copy_link;
   double copy_latency_s = 0;
   // Steady state: a stage prefetched again after a device's last compute (cross-iteration prefetch)
   // is already resident when the program starts, so its first PREFETCH costs nothing.

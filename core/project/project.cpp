@@ -233,6 +233,9 @@ status validate_project(const project_config& c) {
   if (auto sizes = partition_sizes(c); !sizes) p.push_back(sizes.message());
   else need(sizes->empty() || pipelined, "parallel.partition", "layer counts need a pipeline schedule on several devices");
   if (auto speeds = device_speeds(c); !speeds) p.push_back(speeds.message());
+  if (auto links = copy_links(c); !links) p.push_back(links.message());
+  need(c.offload.copy_links.empty() || c.parallel.devices.rfind("cuda", 0) != 0, "offload.copy_links",
+       "models the host links of CPU virtual devices; a GPU's links are probed (plan --probe)");
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
        "must be stage or layer");
   need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");
@@ -318,6 +321,22 @@ result<std::vector<double>> device_speeds(const project_config& c) {
   for (double x : *list)
     if (x < 0.01 || x > 100) return make_error("parallel.device_speeds: {} is out of range (0.01 .. 100)", x);
   return *list;
+}
+
+result<std::vector<int>> copy_links(const project_config& c) {
+  const std::string& t = c.offload.copy_links;
+  if (t.empty()) return std::vector<int>{};
+  const int64_t n = std::max<int64_t>(1, device_count(c.parallel.devices));
+  const auto list = number_list(t);
+  if (!list || static_cast<int64_t>(list->size()) != n)
+    return make_error("offload.copy_links: '{}' must give one link number per device ({} for {})", t, n, c.parallel.devices);
+  if (c.offload.copy_gbps <= 0) return make_error("offload.copy_links: a shared link needs a bandwidth (offload.copy_gbps > 0)");
+  std::vector<int> out;
+  for (double x : *list) {
+    if (x < 0 || x > 63 || x != std::floor(x)) return make_error("offload.copy_links: {} is not a link number (0 .. 63)", x);
+    out.push_back(static_cast<int>(x));
+  }
+  return out;
 }
 
 std::string project_to_json(const project_config& c) {
@@ -423,6 +442,7 @@ std::string config_hash(const project_config& cfg) {
   // does not matter (one device) or where runs older than the field trained the even partition.
   if (c.parallel.partition == "auto" || c.parallel.partition == "even") j["parallel"].erase("partition");
   if (c.parallel.device_speeds.empty()) j["parallel"].erase("device_speeds");
+  if (c.offload.copy_links.empty()) j["offload"].erase("copy_links");
   // How many processes run the pipeline, and where they meet, does not change what it computes (a
   // run resumes with another process count; every rank of one run brings the same hash).
   j.erase("distributed");

@@ -76,6 +76,7 @@ struct project_config {
     std::string recompute_granularity = "stage";
     double device_memory_mb = 0;
     double copy_gbps = 0;
+    std::string copy_links;  // CPU virtual devices: the host link of each ("0,0,1,1"; empty = one each)
     double pinned_memory_gb = 0;
   } offload;
   struct {
@@ -160,6 +161,10 @@ void visit_fields(C& c, F&& f) {
   f("offload.recompute_granularity", c.offload.recompute_granularity, "stage (recompute a whole stage, then its backward) or layer (one layer at a time: less memory, more traffic).");
   f("offload.device_memory_mb", c.offload.device_memory_mb, "Memory capacity of each CPU virtual device in MiB (0 = unlimited).");
   f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
+  f("offload.copy_links", c.offload.copy_links,
+    "CPU virtual devices: the host link each device copies through, one number per device like 0,0,1,1 (devices with the same "
+    "number share one link of offload.copy_gbps each way, as GPUs behind one PCIe switch do, and a device's weight and "
+    "activation uploads share its link too; empty = each copy engine throttled on its own).");
   f("offload.pinned_memory_gb", c.offload.pinned_memory_gb, "CUDA: host RAM in GB that streamed weights may page-lock (0 = half of RAM); weights beyond it go through a pinned bounce buffer.");
   f("distributed.processes", c.distributed.processes,
     "Processes that run the pipeline's devices (1 = all in this one); the device positions are split into contiguous blocks, "
@@ -206,6 +211,9 @@ int64_t device_count(const std::string& spec);
 result<std::vector<int32_t>> partition_sizes(const project_config& c);
 // parallel.device_speeds for each of the project's devices (1 where not given), or an error naming the field.
 result<std::vector<double>> device_speeds(const project_config& c);
+// offload.copy_links as one link number per device (empty when not given), or an error naming the
+// field (validate_project also refuses it on GPUs, whose links the planner takes from a probe).
+result<std::vector<int>> copy_links(const project_config& c);
 // One setting given as text ("data.seq_len" or an unambiguous last part such as "seq_len", and a
 // value as typed on a command line: true/false/on/off, numbers, comma-separated lists) applied to
 // `c`; errors name the field. The resolved path is returned.

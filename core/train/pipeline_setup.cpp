@@ -59,6 +59,8 @@ result<cpu_device_options> device_options_of(const project_config& cfg) {
   o.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
   LP_TRY_ASSIGN(speeds, device_speeds(cfg));
   o.speed = std::move(speeds);
+  LP_TRY_ASSIGN(links, copy_links(cfg));
+  o.copy_link = std::move(links);
   return o;
 }
 

@@ -28,6 +28,12 @@
 namespace lorapipe {
 namespace {
 
+int compute_capability_major(int gpu) {
+  int major = 0;
+  LP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu));
+  return major;
+}
+
 class cuda_device final : public compute_device {
  public:
   cuda_device(int index, int gpu, size_t capacity, std::shared_ptr<pinned_registry> pinned, const cpu_device_options& o)
@@ -42,7 +48,8 @@ class cuda_device final : public compute_device {
         compute_(c10::cuda::getStreamFromPool(false, dev_index())),
         wstream_(c10::cuda::getStreamFromPool(false, dev_index())),
         astream_(c10::cuda::getStreamFromPool(true, dev_index())),  // activations first
-        dstream_(c10::cuda::getStreamFromPool(false, dev_index())) {
+        dstream_(c10::cuda::getStreamFromPool(false, dev_index())),
+        workspaces_(compute_workspaces(gpu, compute_capability_major(gpu))) {
     // Exact-size pinned staging for everything that leaves the GPU (offloaded checkpoints, sent
     // activations and gradients): cudaHostAlloc per distinct size, reused every step.
     staging_ = staging_pool::create(
@@ -74,6 +81,7 @@ class cuda_device final : public compute_device {
     return static_cast<size_t>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
   }
   void reset_measured_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(dev_index()); }
+  workspace_charge library_workspaces() const override { return workspaces_; }
   c10::Device torch_device() const override { return c10::Device(c10::DeviceType::CUDA, dev_index()); }
 
   // Host (pinned staging) -> device on the activation stream, which has priority over weights.
@@ -232,6 +240,7 @@ class cuda_device final : public compute_device {
   copy_engine wup_, up_, down_;
   int threads_;
   c10::cuda::CUDAStream compute_, wstream_, astream_, dstream_;
+  workspace_charge workspaces_;
   std::mutex fence_mu_;
   void* bounce_[2] = {nullptr, nullptr};  // used on the weight-upload engine's thread only
   at::cuda::CUDAEvent bounce_done_[2];

@@ -12,21 +12,30 @@
 //    Also predicted from the layer profile (profile_layers: each layer, the embedding and the head
 //    timed alone on one device before anything runs; what `plan --profile` and a cached profile give
 //    `auto`), with its error and its pick.
+// 3. Cross mapping (--cross): four devices whose copies share two host links (offload.copy_links
+//    0,0,1,1: two GPUs behind each of two PCIe switches), round-robin with weights streamed; the probe
+//    measures the links, cross_mapping reorders them (Mobius), and the given order and the mapped one
+//    are predicted (the simulator books shared links) and measured side by side: the planner takes
+//    the mapped order only when the prediction is at least 1% faster (plan_device_order).
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include "core/engine/device_inventory.h"
 #include "core/pipeline/cost_model.h"
 #include "core/pipeline/partition_search.h"
 #include "core/pipeline/pipeline_executor.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/pipeline/transport.h"
 #include "core/train/layer_profile.h"
+#include "core/train/pipeline_setup.h"
 #include "tests/synthetic_llama.h"
 
 using namespace lorapipe;
@@ -54,15 +63,10 @@ struct rig {
 
   rig(std::string name, const project_config& c, program p, const llama_weights& w, const compute_rates& layers)
       : label(std::move(name)), cfg(c), mc(w.cfg), prog(std::move(p)) {
-    cpu_device_options o;
-    o.copy_bytes_per_s = cfg.offload.copy_gbps * 1e9;
-    o.compute_threads = static_cast<int>(cfg.parallel.threads_per_device);
-    o.speed = device_speeds(cfg).value();
+    // Throttle, threads, speeds and shared links as a run makes them.
+    devs = make_devices(cfg.parallel.devices, device_options_of(cfg).value()).value();
     std::vector<compute_device*> raw;
-    for (int i = 0; i < prog.num_devices(); ++i) {
-      devs.push_back(std::make_unique<cpu_device>(i, o));
-      raw.push_back(devs.back().get());
-    }
+    for (const auto& d : devs) raw.push_back(d.get());
     lora_config lc;
     lc.r = cfg.lora.r;
     lora = init_lora(w, lc, 1);
@@ -114,6 +118,46 @@ std::string sizes_of(const program& p) {
   return partition_text(s);
 }
 
+// 3. Four devices on two shared links: the given order against the cross-mapped one.
+int cross_mapping_part(const project_config& base, const llama_config& mc, const llama_weights& w, const compute_rates& by_layer,
+                       int steps, double gbps) {
+  project_config given = base;
+  given.parallel.devices = "cpu:4";
+  given.parallel.schedule = "round-robin";
+  given.offload.stream_weights = true;
+  given.offload.copy_gbps = gbps;
+  given.offload.copy_links = "0,0,1,1";
+  char dir[] = "/tmp/lorapipe-bench-probe-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return 1;
+  probe_request req;
+  req.cache_dir = dir;
+  req.options.bytes = size_t{8} << 20;
+  req.options.peers = false;
+  const auto probed = probe_project_devices(given, req).value();
+  std::filesystem::remove_all(dir);
+  const device_order order = cross_mapping(probed.inventory, given);
+  fmt::print("\n3. cross mapping: cpu:4, copies through two shared links of {} GB/s each way (offload.copy_links {}), round-robin, "
+             "weights streamed\n{}  device order: {}\n",
+             gbps, given.offload.copy_links, inventory_text(probed.inventory), order.why);
+  if (order.setting.empty()) return 0;
+  const project_config mapped = with_device_order(given, order.order);
+  std::vector<std::unique_ptr<rig>> rigs;
+  for (const project_config* c : std::initializer_list<const project_config*>{&given, &mapped})
+    rigs.push_back(std::make_unique<rig>("links " + c->offload.copy_links, *c, project_program(*c, mc, auto_schedule_gflops).value(), w, by_layer));
+  step_all(rigs, steps);
+  for (const auto& r : rigs)
+    fmt::print("  {:<16} layers {:<20} measured {:.3f} s/step, predicted {:.3f} s from the layer profile (links costed)\n", r->label,
+               sizes_of(r->prog), median(r->times), r->layer_predicted_s);
+  std::vector<double> ratios;
+  for (size_t i = 0; i < rigs[0]->times.size(); ++i) ratios.push_back(rigs[0]->times[i] / rigs[1]->times[i]);
+  fmt::print("  measured: cross-mapped {:+.1f}% (median {:.3f} vs {:.3f} s; per-step ratios given/mapped {:.2f}); predicted {:+.1f}%: "
+             "the planner {} it\n",
+             100 * (median(rigs[1]->times) / median(rigs[0]->times) - 1), median(rigs[1]->times), median(rigs[0]->times),
+             fmt::join(ratios, " "), 100 * (rigs[1]->layer_predicted_s / rigs[0]->layer_predicted_s - 1),
+             rigs[1]->layer_predicted_s <= 0.99 * rigs[0]->layer_predicted_s ? "takes" : "keeps the given order over");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,7 +165,8 @@ int main(int argc, char** argv) {
   int steps = 7, layers = 8;
   int64_t dim = 256, seq = 128, batch = 8;
   double gbps = 1.0;
-  bool skip_grid = false;
+  bool skip_grid = false, cross = false;
+  double cross_gbps = 0.1;
   app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
   app.add_option("--layers", layers);
   app.add_option("--dim", dim);
@@ -129,6 +174,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--copy-gbps", gbps, "Copy engine throttle of every device");
   app.add_flag("--no-grid", skip_grid, "Only the devices-of-different-speed part");
+  app.add_flag("--cross", cross, "Only the cross-mapping part (4 devices on two shared links)");
+  app.add_option("--cross-gbps", cross_gbps, "Bandwidth of each shared link in the cross-mapping part");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   const llama_config mc = synthetic_llama_config(dim, dim * 8 / 3 / 64 * 64, layers, 4096);
@@ -152,6 +199,8 @@ int main(int argc, char** argv) {
              prof.seconds, prof.repeats, prof.compute.rows, prof.compute.seq_len, prof.compute.layer_forward_s[0] * 1e3,
              prof.compute.layer_forward_nograd_s[0] * 1e3, prof.compute.layer_backward_s[0] * 1e3, prof.compute.head_forward_s * 1e3,
              prof.compute.head_backward_s * 1e3);
+
+  if (cross) return cross_mapping_part(base, mc, w, by_layer, steps, cross_gbps);
 
   // 1. A device at half speed: even against balanced.
   {

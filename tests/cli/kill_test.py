@@ -153,6 +153,8 @@ def scenario(cli, data, tmp, label, extra_project, train_args, hooks, timers, rn
             done_modes.append(mode)
             if rc == 130:
                 check(f"{label}: {signal.Signals(stop_signal).name} stops after a checkpoint", "checkpoint" in err and "resume" in err, err[-500:])
+                check(f"{label}: the stop reports no final validation rather than a loss of 0",
+                      "(none at the stop)" in err and "-> 0.0000" not in err, err[-500:])
         else:
             check(f"{label}: attempt {attempts} ({mode}) ends by kill or success", False, f"rc={rc}\n{err[-1500:]}")
             return
