@@ -120,8 +120,9 @@ std::string sizes_of(const program& p) {
 
 // 3. Four devices on two shared links: the given order against the cross-mapped one.
 int cross_mapping_part(const project_config& base, const llama_config& mc, const llama_weights& w, const compute_rates& by_layer,
-                       int steps, double gbps) {
+                       int steps, double gbps, bool even) {
   project_config given = base;
+  if (even) given.parallel.partition = "even";  // the order alone, not the partition chosen with it
   given.parallel.devices = "cpu:4";
   given.parallel.schedule = "round-robin";
   given.offload.stream_weights = true;
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
   int steps = 7, layers = 8;
   int64_t dim = 256, seq = 128, batch = 8;
   double gbps = 1.0;
-  bool skip_grid = false, cross = false;
+  bool skip_grid = false, cross = false, cross_even = false;
   double cross_gbps = 0.1;
   app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
   app.add_option("--layers", layers);
@@ -176,6 +177,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-grid", skip_grid, "Only the devices-of-different-speed part");
   app.add_flag("--cross", cross, "Only the cross-mapping part (4 devices on two shared links)");
   app.add_option("--cross-gbps", cross_gbps, "Bandwidth of each shared link in the cross-mapping part");
+  app.add_flag("--cross-even", cross_even, "Cross-mapping part with the even partition in both orders");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   const llama_config mc = synthetic_llama_config(dim, dim * 8 / 3 / 64 * 64, layers, 4096);
@@ -200,7 +202,7 @@ int main(int argc, char** argv) {
              prof.compute.layer_forward_nograd_s[0] * 1e3, prof.compute.layer_backward_s[0] * 1e3, prof.compute.head_forward_s * 1e3,
              prof.compute.head_backward_s * 1e3);
 
-  if (cross) return cross_mapping_part(base, mc, w, by_layer, steps, cross_gbps);
+  if (cross) return cross_mapping_part(base, mc, w, by_layer, steps, cross_gbps, cross_even);
 
   // 1. A device at half speed: even against balanced.
   {
