@@ -234,28 +234,21 @@ int cmd_plan(const plan_args& a) {
   // With the schedule and partition the plan chose held: each flip is one simulation, not a search.
   const auto faster = faster_offload_settings(with_plan_choices(*p, *rep), base, a.gflops, inv, rep->measured);
   std::optional<device_order_answer> order;
-  if (inv != nullptr) order = plan_device_order(*p, a.gflops, *inv, rep->measured);
+  if (inv != nullptr) order = plan_device_order(*p, *rep, a.gflops, *inv);
   const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers, faster, order};
   if (a.json) print_plan_json(in);
   else print_plan_text(in);
   if (a.write) {
     if (!rep->memory_refusal.empty()) return cli_fail(fmt::format("the plan does not fit ({}); {} left as it was", rep->memory_refusal, a.project));
-    // The devices in the cross-mapped order, planned again in it (device speeds and capacities move
-    // with their devices, so the partition and the fit may change).
-    project_config chosen = *p;
-    auto written = rep;
-    if (order && !order->order.setting.empty()) {
-      chosen = with_device_order(*p, order->order.order);
-      const device_inventory moved = with_device_order(*inv, order->order.order);
-      written = make_plan(chosen, a.gflops, &moved, rep->measured);
-      if (!written) return cli_fail(written.message());
-      if (!written->memory_refusal.empty())
-        return cli_fail(fmt::format("the cross-mapped order does not fit ({}); {} left as it was", written->memory_refusal, a.project));
-    }
-    if (auto st = write_plan_choices(a.project, chosen, *written); !st) return cli_fail(st.message());
+    // The devices in the cross-mapped order with the plan made in it (speeds and capacities move with
+    // their devices, so the partition may differ).
+    const bool mapped = order && order->mapped_plan;
+    const project_config& chosen = mapped ? *order->mapped_cfg : *p;
+    const plan_report& written = mapped ? *order->mapped_plan : *rep;
+    if (auto st = write_plan_choices(a.project, chosen, written); !st) return cli_fail(st.message());
     std::fputs(fmt::format("wrote the plan's choices to {}: parallel.devices {}{}, schedule {}\n", a.project, chosen.parallel.devices,
                            chosen.offload.copy_links.empty() ? "" : ", offload.copy_links " + chosen.offload.copy_links,
-                           prog_label(with_plan_choices(chosen, *written))).c_str(), stderr);
+                           prog_label(with_plan_choices(chosen, written))).c_str(), stderr);
   }
   return 0;
 }

@@ -370,17 +370,18 @@ TEST(PlanQuestions, SharedLinksAreCostedAndTheDeviceOrderIsChecked) {
   ASSERT_TRUE(separate.ok()) << separate.message();
   EXPECT_GT(shared->sim.makespan_s, separate->sim.makespan_s * 1.01) << "copies on shared links take turns";
 
-  const device_order_answer a = plan_device_order(c, 100, inv, nullptr);
-  ASSERT_GT(a.given_step_s, 0);
-  ASSERT_GT(a.mapped_step_s, 0);
   auto given = make_plan(c, 100, &inv);
   ASSERT_TRUE(given.ok()) << given.message();
+  const device_order_answer a = plan_device_order(c, *given, 100, inv);
+  ASSERT_GT(a.given_step_s, 0);
+  ASSERT_GT(a.mapped_step_s, 0);
   EXPECT_DOUBLE_EQ(a.given_step_s, given->sim.makespan_s);
+  EXPECT_EQ(a.mapped_plan.has_value(), !a.order.setting.empty());
   EXPECT_EQ(a.order.setting.empty(), a.mapped_step_s > 0.99 * a.given_step_s) << a.order.why;
   EXPECT_NE(a.order.why.find(a.order.setting.empty() ? "simulator predicts no gain" : "predicted step"), std::string::npos) << a.order.why;
   // Without sharing that costs anything, nothing is proposed.
   device_inventory quiet = inv;
   for (auto& d : quiet.devices) d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = d.h2d_bytes_per_s;
-  EXPECT_TRUE(plan_device_order(c, 100, quiet, nullptr).order.setting.empty());
+  EXPECT_TRUE(plan_device_order(c, *given, 100, quiet).order.setting.empty());
   EXPECT_TRUE(with_probed_bandwidth(own, quiet).offload.copy_links.empty());
 }

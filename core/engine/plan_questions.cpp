@@ -214,8 +214,7 @@ std::vector<what_if_answer> faster_offload_settings(const project_config& cfg, c
   return out;
 }
 
-device_order_answer plan_device_order(const project_config& cfg, double gflops, const device_inventory& probe,
-                                      std::shared_ptr<const measured_compute> profile) {
+device_order_answer plan_device_order(const project_config& cfg, const plan_report& given, double gflops, const device_inventory& probe) {
   device_order_answer a;
   a.order = cross_mapping(probe, cfg);
   if (a.order.setting.empty()) return a;
@@ -225,18 +224,19 @@ device_order_answer plan_device_order(const project_config& cfg, double gflops, 
     a.order.why = fmt::format("{} would be the cross-mapped order, but {}", candidate, why);
     return a;
   };
-  const auto given = make_plan(cfg, gflops, &probe, profile);
   const project_config moved_cfg = with_device_order(cfg, a.order.order);
   const device_inventory moved_inv = with_device_order(probe, a.order.order);
-  const auto mapped = make_plan(moved_cfg, gflops, &moved_inv, profile);
-  if (!given || !mapped) return keep("it could not be planned: " + (given ? mapped.message() : given.message()));
-  a.given_step_s = given->sim.makespan_s;
+  auto mapped = make_plan(moved_cfg, gflops, &moved_inv, given.measured);
+  if (!mapped) return keep("it could not be planned: " + mapped.message());
+  a.given_step_s = given.sim.makespan_s;
   a.mapped_step_s = mapped->sim.makespan_s;
   if (!mapped->memory_refusal.empty()) return keep("it does not fit: " + mapped->memory_refusal);
   if (a.mapped_step_s > 0.99 * a.given_step_s)
     return keep(fmt::format("the simulator predicts no gain from it ({:.4f} s a step against {:.4f} s as given)", a.mapped_step_s, a.given_step_s));
   a.order.why += fmt::format("; predicted step {:.4f} s against {:.4f} s as given ({:+.1f}%)", a.mapped_step_s, a.given_step_s,
                              100 * (a.mapped_step_s / a.given_step_s - 1));
+  a.mapped_cfg = moved_cfg;
+  a.mapped_plan = std::move(*mapped);
   return a;
 }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,13 +76,16 @@ std::vector<what_if_answer> faster_offload_settings(const project_config& cfg, c
 // The device order for the plan (Mobius' cross mapping checked by the simulator): cross_mapping's
 // order is planned in full (devices, speeds and capacities moved with their devices, shared links
 // costed: with_probed_bandwidth) and kept only when its predicted step is at least 1% faster than
-// the given order's and it fits; otherwise `order.setting` is empty and `order.why` says why.
+// `given`'s (make_plan(cfg, gflops, &probe, ...)) and it fits; otherwise `order.setting` is empty and
+// `order.why` says why.
 struct device_order_answer {
   device_order order;
   double given_step_s = 0, mapped_step_s = 0;  // predicted (0 = not planned)
+  // When the order is kept: the project in it and its plan (what `plan --write` stores).
+  std::optional<project_config> mapped_cfg;
+  std::optional<plan_report> mapped_plan;
 };
-device_order_answer plan_device_order(const project_config& cfg, double gflops, const device_inventory& probe,
-                                      std::shared_ptr<const measured_compute> profile);
+device_order_answer plan_device_order(const project_config& cfg, const plan_report& given, double gflops, const device_inventory& probe);
 
 // The memory each pipeline device may use: the probe's capacities when given, else
 // offload.device_memory_mb on every device; 0 = unbounded (CPU devices without a limit; CUDA
