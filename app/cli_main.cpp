@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
   plan->add_option("--what-if", pa.what_if,
                    "Plan again with settings changed and print the difference, e.g. \"seq_len=2048\", \"devices=cpu:3\", "
                    "\"devices=+1\", \"p2p=off\", \"micro_batches=8 offload.stream_weights=off\" (repeatable)");
-  plan->add_flag("--write", pa.write, "Store the plan's choices (parallel.devices, schedule, micro_batches, partition) in the project file");
+  plan->add_flag("--write", pa.write, "Store the plan's choices (parallel.devices, schedule, micro_batches, partition, backward_partition) in the project file");
 
   std::string data_path;
   int64_t data_examples = 3;

@@ -81,12 +81,14 @@ void print_plan_json(const plan_inputs& in) {
                                 {"full_logits_bytes", rep->full_logits_bytes}}},
                       {"requested_schedule", rep->requested_schedule}, {"candidates", nlohmann::json::array()},
                       {"partition", {{"layers", rep->partition.sizes}, {"how", rep->partition.how},
+                                     {"backward_layers", rep->partition.backward_sizes}, {"backward_how", rep->partition.backward_how},
                                      {"step_seconds", rep->partition.step_s}, {"even_step_seconds", rep->partition.even_step_s}}},
                       {"device_speeds", rep->device_speeds}};
   for (const auto& c : rep->schedule_candidates)
     j["candidates"].push_back({{"schedule", c.schedule}, {"micro_batches", c.micro_batches}, {"ok", c.ok}, {"note", c.note},
                                {"step_seconds", c.step_s}, {"bubble_ratio", c.bubble_ratio}, {"peak_bytes", c.peak_bytes},
-                               {"partition", c.partition}, {"partition_how", c.partition_how}});
+                               {"partition", c.partition}, {"partition_how", c.partition_how},
+                               {"backward_partition", c.backward_partition}});
   for (const auto& a : rep->arenas)
     j["weight_arenas"].push_back({{"bytes", a.bytes}, {"stages_at_once", a.max_stages}, {"slot_bytes", a.slot_bytes}});
   for (const auto& l : rep->links)
@@ -159,8 +161,9 @@ void print_plan_text(const plan_inputs& in) {
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
     for (const auto& c : rep->schedule_candidates)
-      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB, layers {} ({})\n", c.schedule,
-                                       c.micro_batches, c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0, c.partition, c.partition_how)
+      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB, layers {} ({}){}\n", c.schedule,
+                                       c.micro_batches, c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0, c.partition, c.partition_how,
+                                       c.backward_partition.empty() ? std::string() : ", backward " + c.backward_partition)
                          : fmt::format("  {:<12} x{:<3} not possible: {}\n", c.schedule, c.micro_batches, c.note));
   }
   if (!rep->partition.sizes.empty()) {
@@ -168,9 +171,13 @@ void print_plan_text(const plan_inputs& in) {
     std::string speeds;
     for (size_t d = 0; d < rep->device_speeds.size() && d < rep->devices.size(); ++d)
       speeds += fmt::format("{}{} x{:g}", speeds.empty() ? "" : ", ", rep->devices[d].name, rep->device_speeds[d]);
-    std::cout << fmt::format("layers per stage: {} ({}{}); device speeds: {}\n", partition_text(pc.sizes), pc.how,
-                             pc.how == "balanced" && pc.even_step_s > 0
-                                 ? fmt::format(", {:.1f}% faster than even at {:.3f} s", 100 * (1 - pc.step_s / pc.even_step_s), pc.even_step_s)
+    const bool searched = pc.how == "balanced" || pc.backward_how == "balanced";
+    const std::string even = pc.backward_how.empty() ? "even" : "even forward stages and one layer per backward stage";
+    std::cout << fmt::format("layers per stage: {} ({}){}{}; device speeds: {}\n", partition_text(pc.sizes), pc.how,
+                             pc.backward_how.empty() ? std::string()
+                                                     : fmt::format("; backward stages: {} ({})", backward_partition_text(pc), pc.backward_how),
+                             searched && pc.even_step_s > 0
+                                 ? fmt::format("; {:.1f}% faster than {} ({:.3f} s)", 100 * (1 - pc.step_s / pc.even_step_s), even, pc.even_step_s)
                                  : std::string(),
                              speeds);
   }

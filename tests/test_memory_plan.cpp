@@ -55,14 +55,17 @@ struct config {
   // next backward starts (a millisecond apart) decides two activations of a 1.4 MiB peak; the
   // plan expects them in flight (+6.9% measured), the bound covers both.
   double tolerance = 0.05;
+  std::vector<int32_t> backward = {};  // round-robin: backward stage sizes (empty: one layer each)
 };
 
 std::string describe(const config& c) {
   std::string sizes;
   for (int32_t s : c.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
-  return fmt::format("{} {} x{} devices {} micro-batches [{}] stream={} recompute={}{} offload={} T={}", c.model->name, c.schedule,
-                     c.devices, c.micro_batches, sizes.empty() ? "even" : sizes, c.stream, c.recompute,
-                     c.layer_recompute ? "(layer)" : "", c.offload, c.seq_len);
+  std::string backward;
+  for (int32_t s : c.backward) backward += (backward.empty() ? " backward [" : ",") + std::to_string(s);
+  return fmt::format("{} {} x{} devices {} micro-batches [{}]{} stream={} recompute={}{} offload={} T={}", c.model->name, c.schedule,
+                     c.devices, c.micro_batches, sizes.empty() ? "even" : sizes, backward.empty() ? "" : backward + "]", c.stream,
+                     c.recompute, c.layer_recompute ? "(layer)" : "", c.offload, c.seq_len);
 }
 
 program make_program(const config& c) {
@@ -79,7 +82,7 @@ program make_program(const config& c) {
   if (c.schedule == "1f1b") return make_1f1b(stages, o).value();
   if (c.schedule == "interleaved") return make_interleaved(stages, o).value();
   const int32_t tail = stages.back().first_layer;  // the last forward stage is fused with its backward
-  return make_round_robin(stages, even_partition(tail, tail), o).value();
+  return make_round_robin(stages, c.backward.empty() ? even_partition(tail, tail) : partition_from_sizes(tail, c.backward).value(), o).value();
 }
 
 lora_adapters adapters(const llama_weights& w) {
@@ -175,6 +178,7 @@ std::vector<config> configs() {
       {z, "1f1b", 2, 4, {}, true, true, true, false, 4, 64},
       {z, "gpipe", 2, 2, {2, 4}, false, false, false, false, 4, 128},
       {z, "round-robin", 2, 4, {}, true, true, true, false, 4, 64},
+      {z, "round-robin", 2, 4, {2, 3, 1}, true, true, true, false, 4, 64, 0.05, {3, 2}},
       {z, "interleaved", 2, 4, {}, true, false, false, false, 4, 128},
       {z, "1f1b", 2, 2, {}, false, true, false, true, 4, 128},
   };

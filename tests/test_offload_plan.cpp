@@ -389,10 +389,19 @@ TEST(AutoSchedule, ChoosesTheFastestSimulatedPipelineThatFits) {
   EXPECT_EQ(resolved->parallel.schedule, ch->schedule);
   EXPECT_EQ(resolved->parallel.micro_batches, ch->micro_batches);
 
-  // A device memory limit between the smallest and the largest simulated peak: what is chosen fits,
-  // every candidate above the limit is refused with the field named.
+  // A device memory limit between the smallest and the largest simulated peak, the partitions held
+  // (auto would move layers until a candidate fits): what is chosen fits, every candidate above the
+  // limit is refused with the field named.
+  project_config held = cfg;
+  held.parallel.partition = "even";
+  held.parallel.backward_partition = "per-layer";
+  lo = std::numeric_limits<double>::infinity(), hi = 0;
+  const auto held_choice = choose_schedule(held, mc, 100);
+  ASSERT_TRUE(held_choice.ok()) << held_choice.message();
+  for (const auto& c : held_choice->candidates)
+    if (c.ok) lo = std::min(lo, c.peak_bytes), hi = std::max(hi, c.peak_bytes);
   ASSERT_GT(hi - lo, 4.0 * 1048576) << "the candidates' peaks should differ by megabytes";
-  project_config tight = cfg;
+  project_config tight = held;
   tight.offload.device_memory_mb = static_cast<int64_t>((lo + hi) / 2 / 1048576);
   const double cap = static_cast<double>(tight.offload.device_memory_mb) * 1048576;
   auto fit = choose_schedule(tight, mc, 100);
@@ -412,6 +421,11 @@ TEST(AutoSchedule, ChoosesTheFastestSimulatedPipelineThatFits) {
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.message().find("parallel.schedule: auto found no pipeline for 2 devices that fits"), std::string::npos) << none.message();
   EXPECT_NE(none.message().find("offload.device_memory_mb is 1"), std::string::npos) << none.message();
+  project_config searched = tight;  // the partitions searched too: still nothing fits, and it says so
+  searched.parallel.partition = searched.parallel.backward_partition = "auto";
+  auto none_searched = choose_schedule(searched, mc, 100);
+  ASSERT_FALSE(none_searched.ok());
+  EXPECT_NE(none_searched.message().find("round-robin with 4 micro-batches: needs"), std::string::npos) << none_searched.message();
   // A batch no micro-batch count divides.
   project_config odd = cfg;
   odd.run.batch_size = 3;

@@ -250,6 +250,7 @@ TEST(Partition, FieldsAreValidatedByName) {
   auto j = nlohmann::json::parse(project_to_json(snap));
   EXPECT_EQ(j["parallel"]["partition"], "auto");
   j["parallel"].erase("partition");
+  j["parallel"].erase("backward_partition");
   j["parallel"].erase("device_speeds");
   j["offload"].erase("copy_links");
   j.erase("distributed");
@@ -316,6 +317,36 @@ TEST(Partition, FieldsAreValidatedByName) {
   d.parallel.partition = "auto";
   d.parallel.device_speeds = "1";
   EXPECT_NE(config_hash(d), h);
+  d.parallel.device_speeds.clear();
+  // parallel.backward_partition: per-layer is what round-robin ran before the field; counts change the hash.
+  d.parallel.backward_partition = "per-layer";
+  EXPECT_EQ(config_hash(d), h);
+  d.parallel.schedule = "round-robin";
+  d.parallel.partition = "3,3,2";
+  const std::string rr = config_hash(d);
+  d.parallel.backward_partition = "3,3";
+  EXPECT_NE(config_hash(d), rr);
+  for (const std::string bad : {"abc", "2,", "0,6", "1.5,4.5"}) {
+    d.parallel.backward_partition = bad;
+    auto r = backward_partition_sizes(d);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.message().rfind("parallel.backward_partition: '" + bad + "'", 0), 0u) << r.message();
+  }
+  {
+    project_config b;
+    b.parallel.devices = "cpu:2";
+    const auto field_ok = [&] { return validate_project(b).message().find("backward_partition") == std::string::npos; };
+    b.parallel.backward_partition = "per-layer";  // any schedule: round-robin's when auto picks it
+    EXPECT_TRUE(field_ok()) << validate_project(b).message();
+    b.parallel.backward_partition = "3,2";
+    EXPECT_NE(validate_project(b).message().find("parallel.backward_partition: layer counts need parallel.schedule round-robin"),
+              std::string::npos);
+    b.parallel.schedule = "round-robin";
+    EXPECT_NE(validate_project(b).message().find("parallel.backward_partition: layer counts need parallel.partition as layer counts"),
+              std::string::npos);
+    b.parallel.partition = "3,2,3";
+    EXPECT_TRUE(field_ok()) << validate_project(b).message();
+  }
   // Layer counts need a pipeline.
   project_config single;
   single.parallel.partition = "3,2";
@@ -372,4 +403,80 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
   const auto by_profile = choose_partition(bal, mc, rates).value();
   EXPECT_EQ(by_profile.how, "balanced");
   EXPECT_LT(by_profile.sizes[1], by_flops.sizes[1]) << partition_text(by_profile.sizes) << " vs " << partition_text(by_flops.sizes);
+}
+
+// Round-robin's own backward stages (RoundPipe's asymmetric partition): the even forward stages with
+// one layer per backward stage when held; auto searches the backward partition (and, with the
+// forward partition auto too, the forward stage count and sizes) with the simulator and finds the
+// brute-force best within 2%; what it chooses is written into the project and trains the same
+// program; given counts are checked against the fused tail, naming the field.
+TEST(Partition, RoundRobinChoosesItsBackwardStages) {
+  const llama_config mc = synthetic_8_layers();
+  project_config cfg = two_devices("round-robin", "");
+  cfg.offload.copy_gbps = 0.05;  // slow copies: every backward stage boundary and checkpoint costs
+  cfg.parallel.partition = "even";
+  cfg.parallel.backward_partition = "per-layer";
+  const auto held = choose_partition(cfg, mc, 100).value();
+  EXPECT_EQ(held.sizes, (std::vector<int32_t>{3, 3, 2}));
+  EXPECT_TRUE(held.backward_sizes.empty());
+  EXPECT_EQ(held.backward_how, "per-layer");
+  EXPECT_EQ(backward_partition_text(held), "per-layer");
+  EXPECT_EQ(project_program(cfg, mc, 100).value().stages.size(), 3u + 6u);
+
+  cfg.parallel.backward_partition = "auto";
+  const auto searched = choose_partition(cfg, mc, 100).value();
+  EXPECT_EQ(searched.sizes, held.sizes);
+  EXPECT_EQ(searched.how, "even");
+  EXPECT_EQ(searched.backward_how, "balanced");
+  EXPECT_LT(searched.step_s, 0.98 * held.step_s);
+  EXPECT_EQ(searched.even_step_s, held.step_s);
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int32_t> cur, best_sizes;
+  for (int32_t k = 1; k <= 6; ++k)
+    compositions(6, k, cur, [&](const std::vector<int32_t>& b) {
+      schedule_options so = schedule_options_of(cfg);
+      so.stage_layers = {3, 3, 2};
+      so.backward_layers = b;
+      const program p = make_schedule("round-robin", 8, so).value();
+      const double t = simulate(p, estimate_costs(p, mc, cfg, 100)).makespan_s;
+      if (t < best) best = t, best_sizes = b;
+    });
+  EXPECT_LE(searched.step_s, best * 1.02) << backward_partition_text(searched) << " vs the best " << partition_text(best_sizes);
+
+  cfg.parallel.partition = "auto";  // the forward stages searched too: never slower
+  const auto both = choose_partition(cfg, mc, 100).value();
+  EXPECT_LE(both.step_s, searched.step_s * (1 + 1e-9));
+  const project_config resolved = resolve_auto_schedule(cfg, mc, 100).value();
+  EXPECT_EQ(resolved.parallel.partition, partition_text(both.sizes));
+  EXPECT_EQ(resolved.parallel.backward_partition, backward_partition_text(both));
+  EXPECT_EQ(validate_project(resolved).message().find("parallel."), std::string::npos) << validate_project(resolved).message();
+  EXPECT_EQ(program_to_text(project_program(resolved, mc, 100).value()), program_to_text(project_program(cfg, mc, 100).value()));
+
+  cfg.parallel.partition = "3,3,2";
+  cfg.parallel.backward_partition = "4,2";
+  const auto given = choose_partition(cfg, mc, 100).value();
+  EXPECT_EQ(given.backward_sizes, (std::vector<int32_t>{4, 2}));
+  EXPECT_EQ(given.backward_how, "given");
+  const program p = project_program(cfg, mc, 100).value();
+  ASSERT_EQ(p.stages.size(), 5u);
+  EXPECT_EQ(p.stages[3], (stage_def{0, 4, true, false}));
+  EXPECT_EQ(p.stages[4], (stage_def{4, 6, false, false}));
+  cfg.parallel.backward_partition = "4,1";
+  auto short_by_one = choose_partition(cfg, mc, 100);
+  ASSERT_FALSE(short_by_one.ok());
+  EXPECT_NE(short_by_one.message().find("parallel.backward_partition: '4,1' adds up to 5 layers; the layers before the fused tail "
+                                        "(forward stages 3,3,2) are 6"),
+            std::string::npos)
+      << short_by_one.message();
+  // Round-robin's forward stages may be as many as the user likes, but every device needs a job.
+  cfg.parallel.partition = "5,3";
+  cfg.parallel.backward_partition = "auto";
+  EXPECT_EQ(choose_partition(cfg, mc, 100).value().sizes, (std::vector<int32_t>{5, 3}));
+  cfg.parallel.devices = "cpu:8";
+  cfg.parallel.backward_partition = "5";
+  auto idle = choose_partition(cfg, mc, 100);
+  ASSERT_FALSE(idle.ok());
+  EXPECT_NE(idle.message().find("parallel.partition: round-robin with forward stages 5,3 and backward stages 5 has 3 jobs for 8 devices"),
+            std::string::npos)
+      << idle.message();
 }

@@ -195,6 +195,29 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
   auto again = make_plan(load_project(file).value(), 100);
   ASSERT_TRUE(again.ok()) << again.message();
   EXPECT_EQ(program_to_text(again->prog), program_to_text(rep->prog));
+  {  // Round-robin: its backward stages are written with the forward ones and plan to the same program.
+    nlohmann::ordered_json rr = j;
+    rr["parallel"] = {{"devices", "cpu:2"}, {"schedule", "round-robin"}};
+    rr["offload"] = {{"copy_gbps", 0.05}};  // slow copies: fewer backward stages cross fewer boundaries
+    ASSERT_TRUE(write_file_atomic(file, rr.dump(2)).ok());
+    const auto rr_cfg = load_project(file).value();
+    const auto rr_rep = make_plan(rr_cfg, 100).value();
+    ASSERT_EQ(rr_rep.partition.backward_how, "balanced");
+    ASSERT_FALSE(rr_rep.partition.backward_sizes.empty());
+    ASSERT_TRUE(write_plan_choices(file, rr_cfg, rr_rep).ok());
+    const auto rr_back = nlohmann::ordered_json::parse(read_text_file(file).value());
+    EXPECT_EQ(rr_back["parallel"]["backward_partition"], partition_text(rr_rep.partition.backward_sizes));
+    EXPECT_EQ(rr_back["parallel"]["partition"], partition_text(rr_rep.partition.sizes));
+    const auto kept = load_project(file).value();
+    EXPECT_EQ(program_to_text(make_plan(kept, 100).value().prog), program_to_text(rr_rep.prog));
+    EXPECT_NE(summarize_plan(kept, make_plan(kept, 100).value()).partition.find(" / backward "), std::string::npos);
+    // Another schedule has no backward stages: the counts go back to auto, and the change is listed.
+    auto other = apply_what_if(kept, "schedule=1f1b");
+    ASSERT_TRUE(other.ok()) << other.message();
+    EXPECT_EQ(other->cfg.parallel.backward_partition, "auto");
+    EXPECT_TRUE(std::any_of(other->changes.begin(), other->changes.end(),
+                            [](const what_if_change& c) { return c.field == "parallel.backward_partition" && c.after == "auto"; }));
+  }
   // One device: the plan is "single" (no pipeline), nothing else is written.
   nlohmann::ordered_json one = j;
   one["parallel"] = {{"devices", "cpu"}};

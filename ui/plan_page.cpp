@@ -154,9 +154,17 @@ QString partitionText(const plan_report& p) {
   for (size_t d = 0; d < p.device_speeds.size() && d < p.devices.size(); ++d)
     speeds << QStringLiteral("%1 ×%2").arg(QString::fromStdString(p.devices[d].name)).arg(p.device_speeds[d], 0, 'g', 3);
   QString text = QObject::tr("<br>Layers per stage: <b>%1</b> (%2").arg(sizes.join(QStringLiteral(", ")), QString::fromStdString(pc.how));
-  if (pc.how == "balanced" && pc.even_step_s > 0)
-    text += QObject::tr(", %1% faster than even").arg((1 - pc.step_s / pc.even_step_s) * 100, 0, 'f', 1);
-  return text + QObject::tr(") · device speeds %1").arg(speeds.join(QStringLiteral(", ")));
+  const bool searched = pc.how == "balanced" || pc.backward_how == "balanced";
+  const double gain = (1 - pc.step_s / pc.even_step_s) * 100;
+  if (pc.backward_how.empty()) {
+    if (searched && pc.even_step_s > 0) text += QObject::tr(", %1% faster than even").arg(gain, 0, 'f', 1);
+    text += QStringLiteral(")");
+  } else {  // round-robin: its backward stages, and the gain over even forward stages with one layer per backward stage
+    text += QObject::tr(") · backward stages: <b>%1</b> (%2)")
+                .arg(QString::fromStdString(backward_partition_text(pc)), QString::fromStdString(pc.backward_how));
+    if (searched && pc.even_step_s > 0) text += QObject::tr(", %1% faster than even forward stages with one layer per backward stage").arg(gain, 0, 'f', 1);
+  }
+  return text + QObject::tr(" · device speeds %1").arg(speeds.join(QStringLiteral(", ")));
 }
 
 // The largest sequence length and micro-batch whose memory plans fit every device.
@@ -253,7 +261,9 @@ void PlanPage::replan() {
                       autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit));
     shown_ = summarize_plan(cfg_, p);
     shownProfile_ = p.measured;
-    keepPartition_ = QString::fromStdString(with_plan_choices(cfg_, p).parallel.partition);
+    const project_config kept = with_plan_choices(cfg_, p);
+    keepPartition_ = QString::fromStdString(kept.parallel.partition);
+    keepBackward_ = QString::fromStdString(kept.parallel.backward_partition);
     keep_->setEnabled(p.memory_refusal.empty());
     QStringList rows;
     for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
@@ -326,11 +336,12 @@ void PlanPage::askWhatIf() {
 void PlanPage::keepPlan() {
   if (!shown_) return;
   const plan_summary s = *shown_;
-  const QString partition = keepPartition_;
+  const QString partition = keepPartition_, backward = keepBackward_;
   emit fieldEdited("parallel.schedule", QString::fromStdString(s.schedule));
   if (s.schedule != "single") {
     emit fieldEdited("parallel.micro_batches", s.micro_batches);
     emit fieldEdited("parallel.partition", partition);
+    emit fieldEdited("parallel.backward_partition", backward);
   }
 }
 

@@ -56,6 +56,13 @@ void refit_per_device(project_config& c, const project_config& before, const std
     changes.push_back({"parallel.partition", c.parallel.partition, "auto"});
     c.parallel.partition = "auto";
   }
+  // Backward stages end where the forward tail begins; only round-robin has them.
+  const bool tail_moved = c.parallel.partition != before.parallel.partition || c.parallel.schedule != "round-robin";
+  if (tail_moved && !given.count("parallel.backward_partition") && c.parallel.backward_partition != "auto" &&
+      c.parallel.backward_partition != "per-layer") {
+    changes.push_back({"parallel.backward_partition", c.parallel.backward_partition, "auto"});
+    c.parallel.backward_partition = "auto";
+  }
   if (n != device_count(before.parallel.devices) && !given.count("parallel.device_speeds") && !c.parallel.device_speeds.empty()) {
     std::vector<std::string> s;
     std::stringstream ss(c.parallel.device_speeds);
@@ -87,6 +94,7 @@ plan_summary summarize_plan(const project_config& cfg, const plan_report& rep) {
   s.schedule = rep.schedule;
   s.micro_batches = rep.prog.micro_batches;
   s.partition = partition_text(rep.partition.sizes);
+  if (!rep.partition.backward_sizes.empty()) s.partition += " / backward " + partition_text(rep.partition.backward_sizes);
   s.devices = cfg.parallel.devices;
   s.step_s = rep.sim.makespan_s;
   s.tokens_per_s = s.step_s > 0 ? static_cast<double>(cfg.run.batch_size * cfg.data.seq_len) / s.step_s : 0;
@@ -267,7 +275,8 @@ result<fit_limits> largest_fit(const project_config& cfg_in, const std::vector<s
   }
   LP_TRY_ASSIGN(mc, project_model_config(cfg));
   LP_TRY_ASSIGN(sizes, partition_sizes(cfg));
-  LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, sizes));
+  LP_TRY_ASSIGN(backward, backward_partition_sizes(cfg));
+  LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, sizes, backward));
   std::vector<size_t> cap = capacity;
   for (auto& c : cap)
     if (c == 0) c = std::numeric_limits<size_t>::max();
@@ -328,7 +337,11 @@ project_config with_plan_choices(const project_config& cfg, const plan_report& r
   c.parallel.schedule = rep.schedule;
   if (rep.schedule != "single") {
     c.parallel.micro_batches = rep.prog.micro_batches;
-    c.parallel.partition = rep.partition.how == "even" ? std::string("even") : partition_text(rep.partition.sizes);
+    const std::string backward = backward_partition_text(rep.partition);
+    const bool backward_counts = !rep.partition.backward_sizes.empty();  // which need the forward counts
+    c.parallel.partition = rep.partition.how == "even" && !backward_counts ? std::string("even") : partition_text(rep.partition.sizes);
+    if (!backward.empty()) c.parallel.backward_partition = backward;
+    else if (auto counts = backward_partition_sizes(c); !counts || !counts->empty()) c.parallel.backward_partition = "auto";
   }
   return c;
 }
@@ -346,6 +359,8 @@ status write_plan_choices(const std::filesystem::path& project_file, const proje
   if (chosen.parallel.schedule != "single") {
     par["micro_batches"] = chosen.parallel.micro_batches;
     par["partition"] = chosen.parallel.partition;
+    if (chosen.parallel.schedule == "round-robin" || par.contains("backward_partition"))
+      par["backward_partition"] = chosen.parallel.backward_partition;
   }
   // (after the last use of `par`: a new top-level key may move it)
   if (!chosen.offload.copy_links.empty()) j["offload"]["copy_links"] = chosen.offload.copy_links;

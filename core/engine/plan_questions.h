@@ -24,7 +24,7 @@ namespace lorapipe {
 struct plan_summary {
   std::string schedule;                 // concrete (single, gpipe, 1f1b, ...)
   int32_t micro_batches = 1;
-  std::string partition;                // layers per stage, "3,2" (empty for single)
+  std::string partition;                // layers per stage, "3,2" (empty for single; "3,3,2 / backward 2,2,2" for round-robin's own backward stages)
   std::string devices;                  // parallel.devices
   double step_s = 0;                    // simulated step
   double tokens_per_s = 0;              // run.batch_size x data.seq_len per step
@@ -107,10 +107,11 @@ result<fit_limits> largest_fit(const project_config& cfg, const std::vector<size
 std::string fit_limits_text(const fit_limits& f, const project_config& cfg);
 
 // The project with the plan's choices made concrete: parallel.schedule, micro_batches and partition
-// as the plan has them (partition "even" when the planner kept the even one).
+// as the plan has them (partition "even" when the planner kept the even one), and for round-robin
+// parallel.backward_partition (per-layer or counts; the forward partition as counts with them).
 project_config with_plan_choices(const project_config& cfg, const plan_report& rep);
 
-// The project file with the plan's choices stored: parallel.schedule, micro_batches and partition
+// The project file with the plan's choices stored: parallel.schedule, micro_batches, partition and backward_partition
 // (and parallel.devices / schedule overrides the plan was made with; the device order, device speeds
 // and copy links of `planned`); other fields and their order are kept as the file has them. Written
 // atomically.

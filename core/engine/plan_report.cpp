@@ -58,7 +58,7 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     }
     LP_TRY_ASSIGN(speeds, device_speeds(cfg));
     r.device_speeds = pipelined ? speeds : std::vector<double>{1.0};
-    LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, r.partition.sizes));
+    LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, r.partition.sizes, r.partition.backward_sizes));
     r.prog = std::move(prog);
     // The memory plan is the one the executor checks: the trainer's inputs, not gflops or the probe.
     r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);

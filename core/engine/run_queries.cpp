@@ -43,7 +43,7 @@ result<stored_run> stored_run_of(const fs::path& database, int64_t run) {
     auto s = run_store::open_reader(database);
     auto rec = s.get_run(run);
     if (!rec) return make_error("no run {} in {}", run, s.db().path().string());
-    LP_TRY_ASSIGN(cfg, parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json"));
+    LP_TRY_ASSIGN(cfg, parse_recorded_project(rec->config_json, fs::path(rec->output_dir) / "project.json"));
     return stored_run{cfg, rec->output_dir, fs::path(rec->output_dir) / "adapter", rec->last_step};
   });
 }

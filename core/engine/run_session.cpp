@@ -155,13 +155,8 @@ result<run_handle> prepare_resume(const fs::path& database, int64_t run, std::op
         case liveness::gone: break;
       }
     }
-    auto cfg = parse_project(rec->config_json, fs::path(rec->output_dir) / "project.json");
+    auto cfg = parse_recorded_project(rec->config_json, fs::path(rec->output_dir) / "project.json");
     if (!cfg) return make_error("run {}: stored configuration: {}", run, cfg.message());
-    // Runs recorded before parallel.partition existed trained the even partition (runs record the
-    // partition they chose since).
-    if (auto stored = nlohmann::json::parse(rec->config_json, nullptr, false);
-        stored.is_object() && !(stored.contains("parallel") && stored["parallel"].contains("partition")))
-      cfg->parallel.partition = "even";
     if (processes) cfg->distributed.processes = *processes;  // outside the config hash: the checkpoint fits any count
     if (auto st = validate_project(*cfg); !st) return make_error("run {} can no longer run:\n{}", run, st.message());
     h.config = *cfg;

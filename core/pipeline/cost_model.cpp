@@ -22,6 +22,8 @@ schedule_options schedule_options_of(const project_config& cfg) {
   so.recompute = cfg.offload.recompute;
   so.offload_activations = cfg.offload.activations && cfg.offload.recompute;
   so.stream_weights = cfg.offload.stream_weights;
+  if (cfg.parallel.schedule == "round-robin")
+    if (auto b = backward_partition_sizes(cfg)) so.backward_layers = std::move(*b);
   return so;
 }
 
@@ -246,8 +248,10 @@ schedule_candidate weigh(const project_config& cfg, const llama_config& mc, cons
   }
   c.partition = partition_text(part->sizes);
   c.partition_how = part->how;
+  c.backward_partition = backward_partition_text(*part);
   schedule_options so = schedule_options_of(cfg);
   so.stage_layers = part->sizes;
+  so.backward_layers = part->backward_sizes;
   auto prog = make_schedule(cfg.parallel.schedule, static_cast<int32_t>(mc.num_layers), so);
   if (!prog) {
     c.note = prog.message();
@@ -320,9 +324,12 @@ result<project_config> resolve_auto_schedule(const project_config& cfg, const ll
   }
   // The layers per stage are recorded too: a resume (or another version of the planner) trains the
   // same partition.
-  if (out.parallel.schedule != "single" && out.parallel.partition == "auto") {
+  const bool rr_auto = out.parallel.schedule == "round-robin" && out.parallel.backward_partition == "auto";
+  if (out.parallel.schedule != "single" && (out.parallel.partition == "auto" || rr_auto)) {
     LP_TRY_ASSIGN(part, choose_partition(out, mc, rates));
-    out.parallel.partition = partition_text(part.sizes);
+    // Backward counts need the forward ones (validate_project): "even" is written out then.
+    if (out.parallel.partition == "auto" || (rr_auto && !part.backward_sizes.empty())) out.parallel.partition = partition_text(part.sizes);
+    if (rr_auto) out.parallel.backward_partition = backward_partition_text(part);
   }
   return out;
 }

@@ -117,6 +117,7 @@ struct schedule_candidate {
   double peak_bytes = 0;            // the largest device peak of its memory plan (the bound)
   std::string partition;            // layers per stage, "3,2" (choose_partition)
   std::string partition_how;        // even, balanced or given
+  std::string backward_partition;   // round-robin: per-layer or "2,2,1" (backward_partition_text)
 };
 struct schedule_choice {
   std::string schedule;             // "single" on one device

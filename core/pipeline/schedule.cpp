@@ -371,7 +371,7 @@ result<program> make_schedule(const std::string& name, int32_t n_layers, const s
       return make_error("interleaved: {} layers cannot fill {} x {} stages", n_layers, o.devices, o.virtual_stages);
     stages = even_partition(n_layers, n_stages);
   } else {
-    if (static_cast<int32_t>(o.stage_layers.size()) != n_stages)
+    if (static_cast<int32_t>(o.stage_layers.size()) != n_stages && name != "round-robin")
       return make_error("{}: the partition has {} stages, the schedule needs {}", name, o.stage_layers.size(), n_stages);
     LP_TRY_ASSIGN(p, partition_from_sizes(n_layers, o.stage_layers));
     stages = std::move(p);
@@ -381,7 +381,16 @@ result<program> make_schedule(const std::string& name, int32_t n_layers, const s
   if (name == "interleaved") return make_interleaved(stages, o);
   const int32_t tail_first = stages.back().first_layer;
   std::vector<stage_def> bwd;
-  for (int32_t l = 0; l < tail_first; ++l) bwd.push_back({l, l + 1, l == 0, false});
+  if (o.backward_layers.empty()) {
+    for (int32_t l = 0; l < tail_first; ++l) bwd.push_back({l, l + 1, l == 0, false});
+  } else {
+    int32_t total = 0;
+    for (int32_t n : o.backward_layers) total += n;
+    if (total != tail_first)
+      return make_error("round-robin: the backward stages hold {} layers; the layers before the fused tail are {}", total, tail_first);
+    LP_TRY_ASSIGN(b, partition_from_sizes(tail_first, o.backward_layers));
+    bwd = std::move(b);
+  }
   return make_round_robin(stages, bwd, o);
 }
 

@@ -66,8 +66,11 @@ struct schedule_options {
   bool offload_activations = true;  // move checkpoints to host between F and B
   bool stream_weights = true;    // PW before first use, RW after last use in the iteration
   // Layers per stage for make_schedule (bound schedules: every stage; round-robin: the forward
-  // stages); empty = even_partition.
+  // stages, any number of them); empty = even_partition.
   std::vector<int32_t> stage_layers;
+  // Round-robin: layers per backward stage, from layer 0 up to the fused tail's first layer; empty =
+  // one layer each.
+  std::vector<int32_t> backward_layers;
 };
 
 // Even split of n_layers into n_stages contiguous ranges (earlier stages get the remainder), or
@@ -85,12 +88,13 @@ result<program> make_interleaved(const std::vector<stage_def>& stages, const sch
 // forward ones; the last forward stage carries the head and is fused with the tail backward.
 result<program> make_round_robin(const std::vector<stage_def>& forward_stages,
                                  const std::vector<stage_def>& backward_stages, const schedule_options& o);
-// By name: gpipe, 1f1b, interleaved, round-robin, with o.stage_layers or default partitions for
-// n_layers.
+// By name: gpipe, 1f1b, interleaved, round-robin, with o.stage_layers (and o.backward_layers) or
+// default partitions for n_layers.
 result<program> make_schedule(const std::string& name, int32_t n_layers, const schedule_options& o);
 const std::vector<std::string>& schedule_names();
 // How many stages make_schedule(name, n_layers, o) partitions the layers into (round-robin: its
-// forward stages); the length o.stage_layers must have.
+// forward stages); the length o.stage_layers must have (round-robin: the default; any count from 1
+// to n_layers may be given).
 int32_t schedule_stage_count(const std::string& name, int32_t n_layers, const schedule_options& o);
 // The forward half of a training program, for evaluation on the same devices and stages: each
 // device keeps its LOAD_MICRO_BATCH, FORWARD, SEND_ACT, RECV_ACT and the PREFETCH/RELEASE pairs of

@@ -92,6 +92,16 @@ void migrate_1_to_2(json& j) {
 
 }  // namespace
 
+result<project_config> parse_recorded_project(const std::string& text, const fs::path& project_file) {
+  LP_TRY_ASSIGN(cfg, parse_project(text, project_file));
+  const json j = parse_json_or_discarded(text);
+  const json* par = j.is_object() ? find_path(j, "parallel") : nullptr;
+  const bool has_par = par != nullptr && par->is_object();
+  if (!(has_par && par->contains("partition"))) cfg.parallel.partition = "even";
+  if (!(has_par && par->contains("backward_partition"))) cfg.parallel.backward_partition = "per-layer";
+  return cfg;
+}
+
 result<project_config> parse_project(const std::string& text, const fs::path& project_file, int64_t* migrated_from) {
   const std::string label = project_file.string();
   json j = parse_json_or_discarded(text);
@@ -232,6 +242,13 @@ status validate_project(const project_config& c) {
        "parallel.transport", "must be auto, host, peer or nccl");
   if (auto sizes = partition_sizes(c); !sizes) p.push_back(sizes.message());
   else need(sizes->empty() || pipelined, "parallel.partition", "layer counts need a pipeline schedule on several devices");
+  if (auto sizes = backward_partition_sizes(c); !sizes) p.push_back(sizes.message());
+  else if (!sizes->empty() && c.parallel.schedule != "round-robin")
+    p.push_back("parallel.backward_partition: layer counts need parallel.schedule round-robin (only it has backward stages of "
+                "their own; auto and per-layer apply to any schedule)");
+  else if (auto fwd = partition_sizes(c); !sizes->empty() && fwd && fwd->empty())
+    p.push_back("parallel.backward_partition: layer counts need parallel.partition as layer counts too (the backward stages end "
+                "where the forward tail begins)");
   if (auto speeds = device_speeds(c); !speeds) p.push_back(speeds.message());
   if (auto links = copy_links(c); !links) p.push_back(links.message());
   need(c.offload.copy_links.empty() || c.parallel.devices.rfind("cuda", 0) != 0, "offload.copy_links",
@@ -295,20 +312,30 @@ std::optional<std::vector<double>> number_list(const std::string& text) {
   if (out.size() != static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1) return std::nullopt;  // "3,"
   return out;
 }
-}  // namespace
 
-result<std::vector<int32_t>> partition_sizes(const project_config& c) {
-  const std::string& p = c.parallel.partition;
-  if (p == "auto" || p == "even") return std::vector<int32_t>{};
+// Layer counts like "3,2" in `field` (`what`: "stage" or "backward stage"); the two words that mean
+// "no counts" give an empty list.
+result<std::vector<int32_t>> layer_counts(const char* field, const std::string& p, const char* what, const char* word1, const char* word2,
+                                          const char* example) {
+  if (p == word1 || p == word2) return std::vector<int32_t>{};
   const auto list = number_list(p);
   std::vector<int32_t> out;
   if (list && !list->empty())
     for (double x : *list) {
-      if (x < 1 || x > 1e6 || x != std::floor(x)) return make_error("parallel.partition: '{}': every stage needs a whole number of layers, at least 1", p);
+      if (x < 1 || x > 1e6 || x != std::floor(x)) return make_error("{}: '{}': every {} needs a whole number of layers, at least 1", field, p, what);
       out.push_back(static_cast<int32_t>(x));
     }
-  if (out.empty()) return make_error("parallel.partition: '{}' must be auto, even or layer counts per stage like 3,2", p);
+  if (out.empty()) return make_error("{}: '{}' must be {}, {} or layer counts per {} like {}", field, p, word1, word2, what, example);
   return out;
+}
+}  // namespace
+
+result<std::vector<int32_t>> partition_sizes(const project_config& c) {
+  return layer_counts("parallel.partition", c.parallel.partition, "stage", "auto", "even", "3,2");
+}
+
+result<std::vector<int32_t>> backward_partition_sizes(const project_config& c) {
+  return layer_counts("parallel.backward_partition", c.parallel.backward_partition, "backward stage", "auto", "per-layer", "2,2,1");
 }
 
 result<std::vector<double>> device_speeds(const project_config& c) {
@@ -441,6 +468,8 @@ std::string config_hash(const project_config& cfg) {
   // A run records the layer counts it chose, so "auto" and "even" appear only where the partition
   // does not matter (one device) or where runs older than the field trained the even partition.
   if (c.parallel.partition == "auto" || c.parallel.partition == "even") j["parallel"].erase("partition");
+  // Runs before the field trained one layer per backward stage.
+  if (c.parallel.backward_partition == "auto" || c.parallel.backward_partition == "per-layer") j["parallel"].erase("backward_partition");
   if (c.parallel.device_speeds.empty()) j["parallel"].erase("device_speeds");
   if (c.offload.copy_links.empty()) j["offload"].erase("copy_links");
   // How many processes run the pipeline, and where they meet, does not change what it computes (a

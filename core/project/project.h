@@ -67,6 +67,7 @@ struct project_config {
     int64_t threads_per_device = 1;
     std::string transport = "auto";
     std::string partition = "auto";
+    std::string backward_partition = "auto";  // round-robin's backward stages
     std::string device_speeds;
   } parallel;
   struct {
@@ -151,7 +152,11 @@ void visit_fields(C& c, F&& f) {
     "host (through exact-size pinned host memory), peer (device to device), nccl (CUDA, distinct GPUs).");
   f("parallel.partition", c.parallel.partition,
     "Layers per stage: auto (the planner balances stages by their predicted time on each device's speed), even, or a list "
-    "like 3,2 (one count per stage: devices stages, x virtual_stages for interleaved, the forward stages for round-robin).");
+    "like 3,2 (one count per stage: devices stages, x virtual_stages for interleaved, the forward stages for round-robin, as many as you like).");
+  f("parallel.backward_partition", c.parallel.backward_partition,
+    "Round-robin: layers per backward stage, from layer 0 up to the fused tail (RoundPipe's asymmetric partition: a backward "
+    "with recompute costs about 3x a forward, so its stages may hold fewer layers): auto (the planner chooses, with the "
+    "forward stages when parallel.partition is auto too), per-layer (one layer each), or a list like 2,2,1.");
   f("parallel.device_speeds", c.parallel.device_speeds,
     "Relative compute speed of each device, like 1,0.5 (empty = all 1): CPU virtual devices run at it; the planner balances "
     "stages by it.");
@@ -196,6 +201,10 @@ void visit_fields(C& c, F&& f) {
 result<project_config> parse_project(const std::string& json_text, const std::filesystem::path& project_file,
                                      int64_t* migrated_from = nullptr);
 result<project_config> load_project(const std::filesystem::path& project_file, int64_t* migrated_from = nullptr);
+// The configuration a run recorded (parse_project), with the fields newer than the run set to what it
+// trained: parallel.partition even, parallel.backward_partition per-layer (runs record their choices
+// since those fields exist). What resume and evaluation of a stored run read.
+result<project_config> parse_recorded_project(const std::string& json_text, const std::filesystem::path& project_file);
 // Semantic checks that need the file system (paths exist, values in range); all problems at once.
 status validate_project(const project_config& c);
 std::string project_to_json(const project_config& c);
@@ -209,6 +218,9 @@ std::string config_hash(const project_config& cfg);
 int64_t device_count(const std::string& spec);
 // parallel.partition as layer counts per stage (empty for auto and even), or an error naming the field.
 result<std::vector<int32_t>> partition_sizes(const project_config& c);
+// parallel.backward_partition as layer counts per backward stage (empty for auto and per-layer), or
+// an error naming the field.
+result<std::vector<int32_t>> backward_partition_sizes(const project_config& c);
 // parallel.device_speeds for each of the project's devices (1 where not given), or an error naming the field.
 result<std::vector<double>> device_speeds(const project_config& c);
 // offload.copy_links as one link number per device (empty when not given), or an error naming the

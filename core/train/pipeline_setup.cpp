@@ -43,9 +43,16 @@ plan_event describe_plan(const program& prog, const std::vector<device_facts>& d
   return pe;
 }
 
+// "3,2" (round-robin, whose backward stages follow the forward ones: "3,2 forward + 3 backward").
 std::string stage_layer_text(const program& p) {
-  std::vector<int32_t> sizes;
-  for (const auto& st : p.stages) sizes.push_back(st.last_layer - st.first_layer);
+  std::vector<int32_t> sizes, backward;
+  bool past_head = false;
+  for (const auto& st : p.stages) {
+    (past_head ? backward : sizes).push_back(st.last_layer - st.first_layer);
+    past_head = past_head || st.has_head;
+  }
+  if (p.schedule != "round-robin") sizes.insert(sizes.end(), backward.begin(), backward.end());
+  else return fmt::format("{} forward + {} backward", partition_text(sizes), backward.empty() ? "no" : partition_text(backward));
   return partition_text(sizes);
 }
 

@@ -17,6 +17,11 @@
 //    measures the links, cross_mapping reorders them (Mobius), and the given order and the mapped one
 //    are predicted (the simulator books shared links) and measured side by side: the planner takes
 //    the mapped order only when the prediction is at least 1% faster (plan_device_order).
+// 4. Round-robin's backward stages (--backward): the even forward stages with every way of cutting
+//    the layers before the fused tail into backward stages of equal size (one layer each, as before
+//    parallel.backward_partition, up to one stage), and the planner's choice (forward and backward
+//    partitions auto, from the layer profile), predicted and measured side by side: the pick against
+//    the fastest measured.
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,7 +127,7 @@ std::string sizes_of(const program& p) {
 int cross_mapping_part(const project_config& base, const llama_config& mc, const llama_weights& w, const compute_rates& by_layer,
                        int steps, double gbps, bool even) {
   project_config given = base;
-  if (even) given.parallel.partition = "even";  // the order alone, not the partition chosen with it
+  if (even) given.parallel.partition = "even", given.parallel.backward_partition = "per-layer";  // the order alone, not the partition chosen with it
   given.parallel.devices = "cpu:4";
   given.parallel.schedule = "round-robin";
   given.offload.stream_weights = true;
@@ -159,6 +164,55 @@ int cross_mapping_part(const project_config& base, const llama_config& mc, const
   return 0;
 }
 
+// 4. Round-robin's backward partition: fixed cuts against the planner's choice.
+int backward_part(const project_config& base, const llama_config& mc, const llama_weights& w, const compute_rates& by_layer, int steps,
+                  const std::string& devices) {
+  project_config rr = base;
+  rr.parallel.devices = devices;
+  rr.parallel.schedule = "round-robin";
+  rr.offload.stream_weights = true;
+  const int32_t L = static_cast<int32_t>(mc.num_layers);
+  rr.parallel.partition = "auto";
+  rr.parallel.backward_partition = "auto";
+  const partition_choice pick = choose_partition(rr, mc, by_layer).value();
+  std::vector<int32_t> even_sizes;
+  for (const auto& st : even_partition(L, schedule_stage_count("round-robin", L, schedule_options_of(rr)))) even_sizes.push_back(st.last_layer - st.first_layer);
+  project_config even = rr;
+  even.parallel.partition = partition_text(even_sizes);
+  const int32_t tail_first = L - even_sizes.back();
+  std::vector<std::unique_ptr<rig>> rigs;
+  for (int32_t k = tail_first; k >= 1; --k) {
+    if (tail_first % k != 0 && k != tail_first) continue;  // stages of equal size
+    project_config c = even;
+    c.parallel.backward_partition = k == tail_first ? "per-layer" : partition_text(std::vector<int32_t>(static_cast<size_t>(k), tail_first / k));
+    rigs.push_back(std::make_unique<rig>(fmt::format("F {} B {}", c.parallel.partition, c.parallel.backward_partition), c,
+                                         project_program(c, mc, by_layer).value(), w, by_layer));
+  }
+  project_config chosen = rr;
+  chosen.parallel.partition = partition_text(pick.sizes);
+  chosen.parallel.backward_partition = backward_partition_text(pick);
+  rigs.push_back(std::make_unique<rig>(fmt::format("planner: F {} B {}", chosen.parallel.partition, chosen.parallel.backward_partition),
+                                       chosen, project_program(chosen, mc, by_layer).value(), w, by_layer));
+  step_all(rigs, steps);
+  fmt::print("\n4. round-robin on {}, weights streamed, copies {} GB/s: backward partitions with the even forward stages, and the "
+             "planner's choice (both partitions auto, layer profile)\n",
+             devices, base.offload.copy_gbps);
+  const rig* fastest = nullptr;
+  for (const auto& r : rigs) {
+    const double m = median(r->times);
+    fmt::print("  {:<40} measured {:.3f} s/step, predicted {:.3f} s ({:+.1f}%)\n", r->label, m, r->layer_predicted_s,
+               100 * (r->layer_predicted_s / m - 1));
+    if (!fastest || m < median(fastest->times)) fastest = r.get();
+  }
+  const rig& planned = *rigs.back();
+  const rig& per_layer = *rigs.front();
+  fmt::print("  planner's pick {:+.1f}% from the fastest measured ({}); {:+.1f}% against one layer per backward stage (predicted {:+.1f}%)\n",
+             100 * (median(planned.times) / median(fastest->times) - 1), fastest->label,
+             100 * (median(planned.times) / median(per_layer.times) - 1),
+             100 * (planned.layer_predicted_s / per_layer.layer_predicted_s - 1));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,7 +220,8 @@ int main(int argc, char** argv) {
   int steps = 7, layers = 8;
   int64_t dim = 256, seq = 128, batch = 8;
   double gbps = 1.0;
-  bool skip_grid = false, cross = false, cross_even = false;
+  bool skip_grid = false, cross = false, cross_even = false, backward = false;
+  std::string backward_devices = "cpu:2";
   double cross_gbps = 0.1;
   app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
   app.add_option("--layers", layers);
@@ -178,6 +233,8 @@ int main(int argc, char** argv) {
   app.add_flag("--cross", cross, "Only the cross-mapping part (4 devices on two shared links)");
   app.add_option("--cross-gbps", cross_gbps, "Bandwidth of each shared link in the cross-mapping part");
   app.add_flag("--cross-even", cross_even, "Cross-mapping part with the even partition in both orders");
+  app.add_flag("--backward", backward, "Only the round-robin backward partition part");
+  app.add_option("--backward-devices", backward_devices, "Devices of the backward partition part");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   const llama_config mc = synthetic_llama_config(dim, dim * 8 / 3 / 64 * 64, layers, 4096);
@@ -203,6 +260,7 @@ int main(int argc, char** argv) {
              prof.compute.head_backward_s * 1e3);
 
   if (cross) return cross_mapping_part(base, mc, w, by_layer, steps, cross_gbps, cross_even);
+  if (backward) return backward_part(base, mc, w, by_layer, steps, backward_devices);
 
   // 1. A device at half speed: even against balanced.
   {

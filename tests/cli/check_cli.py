@@ -314,6 +314,21 @@ def main():
         rc, _, err = run(cli, "train", os.path.join(t, "hp.json"), "--steps", "2", "--output", os.path.join(t, "run_het"), "--threads", "2")
         check("train with device_speeds runs the balanced partition",
               rc == 0 and f"2 stages of {','.join(map(str, part.get('layers', [])))} layers" in err, err[-600:])
+        # Round-robin with slow copies: the planner gives it backward stages of its own (fewer
+        # gradients handed over); the trainer runs them and the run records them.
+        rp = json.load(open(os.path.join(t, "p.json")))
+        rp["parallel"].update({"devices": "cpu:2", "schedule": "round-robin"})
+        rp.setdefault("offload", {})["copy_gbps"] = 0.05
+        json.dump(rp, open(os.path.join(t, "rr.json"), "w"))
+        rc, plan_out, err = run(cli, "plan", os.path.join(t, "rr.json"), "--json")
+        part = json.loads(plan_out).get("partition", {}) if rc == 0 else {}
+        back = ",".join(map(str, part.get("backward_layers", [])))
+        rc2, _, err2 = run(cli, "train", os.path.join(t, "rr.json"), "--steps", "2", "--output", os.path.join(t, "run_rr"), "--threads", "2")
+        rec = json.load(open(os.path.join(t, "run_rr", "project.json"))) if rc2 == 0 else {}
+        check("round-robin: plan chooses its backward stages (slow copies), train runs and records them",
+              rc == 0 and part.get("backward_how") == "balanced" and back != "" and rc2 == 0
+              and f"{','.join(map(str, part['layers']))} forward + {back} backward layers" in err2
+              and rec["parallel"]["backward_partition"] == back, plan_out[-600:] + err2[-600:])
         # The device probe: measured once, then reused from the cache (keyed by the devices' fingerprint).
         penv = dict(os.environ, XDG_CACHE_HOME=os.path.join(t, "cache"))
         rc, out1, err1 = run(cli, "plan", os.path.join(t, "hp.json"), "--probe", "--json", env=penv)
@@ -360,6 +375,8 @@ def main():
             fixed = dict(wi)
             fixed["parallel"] = dict(wi["parallel"], schedule=wj["schedule"], micro_batches=wj["micro_batches"],
                                      partition=",".join(map(str, wj["partition"]["layers"])))
+            if wj["schedule"] == "round-robin":  # its backward stages held too
+                fixed["parallel"]["backward_partition"] = ",".join(map(str, wj["partition"]["backward_layers"])) or "per-layer"
             for seq, want in ((fit["max_seq_len"], ""), (fit["max_seq_len"] + 1, "offload.device_memory_mb")):
                 fixed["data"] = dict(wi["data"], seq_len=seq)
                 json.dump(fixed, open(os.path.join(t, "fx.json"), "w"))
