@@ -83,7 +83,12 @@ void print_plan_json(const plan_inputs& in) {
                       {"partition", {{"layers", rep->partition.sizes}, {"how", rep->partition.how},
                                      {"backward_layers", rep->partition.backward_sizes}, {"backward_how", rep->partition.backward_how},
                                      {"step_seconds", rep->partition.step_s}, {"even_step_seconds", rep->partition.even_step_s}}},
-                      {"device_speeds", rep->device_speeds}};
+                      {"device_speeds", rep->device_speeds},
+                      {"offload", {{"auto", rep->offload_auto.weighed}, {"changes", rep->offload_auto.changes},
+                                   {"given_step_seconds", rep->offload_auto.given_step_s}, {"step_seconds", rep->offload_auto.step_s},
+                                   {"stream_weights", rep->stream_weights},
+                                   {"activations", rep->activations}, {"recompute", rep->recompute},
+                                   {"recompute_granularity", rep->recompute_granularity}}}};
   for (const auto& c : rep->schedule_candidates)
     j["candidates"].push_back({{"schedule", c.schedule}, {"micro_batches", c.micro_batches}, {"ok", c.ok}, {"note", c.note},
                                {"step_seconds", c.step_s}, {"bubble_ratio", c.bubble_ratio}, {"peak_bytes", c.peak_bytes},
@@ -158,6 +163,7 @@ void print_plan_text(const plan_inputs& in) {
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
   std::cout << fmt::format("estimated step {:.3f} s, {} tokens/s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s,
                            tokens_per_s_text(summarize_plan(*p, *rep).tokens_per_s), rep->compute, r.bubble_ratio);
+  if (rep->offload_auto.weighed) std::cout << offload_choice_text(*rep) << "\n";
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
     for (const auto& c : rep->schedule_candidates)
@@ -239,7 +245,9 @@ int cmd_plan(const plan_args& a) {
   const plan_summary base = summarize_plan(*p, *rep);
   for (const auto& q : a.what_if) answers.push_back(what_if(*p, base, q, a.gflops, inv, rep->measured));
   // With the schedule and partition the plan chose held: each flip is one simulation, not a search.
-  const auto faster = faster_offload_settings(with_plan_choices(*p, *rep), base, a.gflops, inv, rep->measured);
+  // (offload.auto weighed them already, with the trainer's rates)
+  const auto faster = rep->offload_auto.weighed ? std::vector<what_if_answer>{}
+                                                : faster_offload_settings(with_plan_choices(*p, *rep), base, a.gflops, inv, rep->measured);
   std::optional<device_order_answer> order;
   if (inv != nullptr) order = plan_device_order(*p, *rep, a.gflops, *inv);
   const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers, faster, order};

@@ -218,6 +218,31 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
     EXPECT_TRUE(std::any_of(other->changes.begin(), other->changes.end(),
                             [](const what_if_change& c) { return c.field == "parallel.backward_partition" && c.after == "auto"; }));
   }
+  {  // offload.auto: the settings it chose are written (and offload.auto off); a what-if that sets one holds it.
+    nlohmann::ordered_json oa = j;
+    oa["parallel"] = {{"devices", "cpu:2"}, {"schedule", "1f1b"}};
+    oa["offload"] = {{"copy_gbps", 0.05}, {"auto", true}};
+    ASSERT_TRUE(write_file_atomic(file, oa.dump(2)).ok());
+    const auto oa_cfg = load_project(file).value();
+    const auto oa_rep = make_plan(oa_cfg, 100).value();
+    ASSERT_TRUE(oa_rep.offload_auto.weighed);
+    ASSERT_FALSE(oa_rep.offload_auto.changes.empty()) << offload_choice_text(oa_rep);
+    EXPECT_NE(offload_choice_text(oa_rep).find("offload auto chose"), std::string::npos) << offload_choice_text(oa_rep);
+    ASSERT_TRUE(write_plan_choices(file, oa_cfg, oa_rep).ok());
+    const auto oa_back = nlohmann::ordered_json::parse(read_text_file(file).value());
+    EXPECT_EQ(oa_back["offload"]["auto"], false);
+    EXPECT_EQ(oa_back["offload"]["stream_weights"], oa_rep.stream_weights);
+    EXPECT_EQ(oa_back["offload"]["recompute"], oa_rep.recompute);
+    const auto kept = load_project(file).value();
+    const auto kept_rep = make_plan(kept, 100).value();
+    EXPECT_FALSE(kept_rep.offload_auto.weighed);
+    EXPECT_EQ(program_to_text(kept_rep.prog), program_to_text(oa_rep.prog));
+    const std::string flip = fmt::format("offload.stream_weights={}", oa_rep.stream_weights ? "false" : "true");
+    auto held = apply_what_if(oa_cfg, flip);
+    ASSERT_TRUE(held.ok()) << held.message();
+    EXPECT_FALSE(held->cfg.offload.automatic);
+    EXPECT_EQ(held->cfg.offload.stream_weights, !oa_rep.stream_weights);
+  }
   // One device: the plan is "single" (no pipeline), nothing else is written.
   nlohmann::ordered_json one = j;
   one["parallel"] = {{"devices", "cpu"}};

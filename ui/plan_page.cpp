@@ -64,7 +64,7 @@ PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
   askButton->setObjectName("planAsk");
   keep_ = new QPushButton(tr("Keep this plan"));
   keep_->setObjectName("planKeep");
-  keep_->setToolTip(tr("Store the planner's choices (schedule, micro-batches, layers per stage) in the project"));
+  keep_->setToolTip(tr("Store the planner's choices (schedule, micro-batches, layers per stage; with offload.auto the offload settings) in the project"));
   keep_->setEnabled(false);
   ask->addWidget(wl);
   ask->addWidget(whatIf_, 1);
@@ -179,6 +179,12 @@ QString fitText(const result<fit_limits>& f) {
       .arg(f->max_rows_per_micro_batch);
 }
 
+// offload.auto's choice (empty when it is off).
+QString offloadChoiceText(const plan_report& p) {
+  const std::string t = offload_choice_text(p);
+  return t.empty() ? QString() : QStringLiteral("<br>") + QString::fromStdString(t).toHtmlEscaped();
+}
+
 // Schedule "auto": what the planner weighed, the choice against the runner-up.
 QString autoChoiceText(const plan_report& p) {
   if (p.schedule_candidates.empty()) return {};
@@ -258,12 +264,19 @@ void PlanPage::replan() {
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
                           .arg(mib(static_cast<double>(p.full_logits_bytes))) +
-                      autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit));
+                      offloadChoiceText(p) + autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit));
     shown_ = summarize_plan(cfg_, p);
     shownProfile_ = p.measured;
     const project_config kept = with_plan_choices(cfg_, p);
-    keepPartition_ = QString::fromStdString(kept.parallel.partition);
-    keepBackward_ = QString::fromStdString(kept.parallel.backward_partition);
+    keepFields_.clear();
+    // offload.auto off first: the plans started while the fields are set search nothing.
+    std::vector<std::string> paths;
+    if (p.offload_auto.weighed)
+      paths = {"offload.auto", "offload.stream_weights", "offload.activations", "offload.recompute", "offload.recompute_granularity"};
+    paths.push_back("parallel.schedule");
+    if (p.schedule != "single") paths.insert(paths.end(), {"parallel.micro_batches", "parallel.partition", "parallel.backward_partition"});
+    for (const auto& path : paths)
+      keepFields_.emplace_back(QString::fromStdString(path), QString::fromStdString(project_field_text(kept, path)));
     keep_->setEnabled(p.memory_refusal.empty());
     QStringList rows;
     for (size_t d = 0; d < p.devices.size(); ++d) rows << QString::fromStdString(p.devices[d].name);
@@ -335,14 +348,8 @@ void PlanPage::askWhatIf() {
 
 void PlanPage::keepPlan() {
   if (!shown_) return;
-  const plan_summary s = *shown_;
-  const QString partition = keepPartition_, backward = keepBackward_;
-  emit fieldEdited("parallel.schedule", QString::fromStdString(s.schedule));
-  if (s.schedule != "single") {
-    emit fieldEdited("parallel.micro_batches", s.micro_batches);
-    emit fieldEdited("parallel.partition", partition);
-    emit fieldEdited("parallel.backward_partition", backward);
-  }
+  const auto fields = keepFields_;  // a slot may replan (and refill it) while they are emitted
+  for (const auto& [path, text] : fields) emit fieldEdited(path, text);
 }
 
 }  // namespace lorapipe::ui

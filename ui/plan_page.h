@@ -51,8 +51,8 @@ class PlanPage : public QWidget {
   project_config cfg_;
   bool valid_ = false, busy_ = false, loading_ = false, asking_ = false;
   std::optional<plan_summary> shown_;  // the plan on screen (what-if answers compare with it)
-  QString keepPartition_;              // its layers per stage as parallel.partition takes them
-  QString keepBackward_;               // round-robin's backward stages as parallel.backward_partition takes them
+  // Its choices as project fields (path, text), in the order "Keep this plan" sets them.
+  std::vector<std::pair<QString, QString>> keepFields_;
   std::shared_ptr<const measured_compute> shownProfile_;  // the layer profile it used, if any
   int generation_ = 0, planned_ = 0, asked_ = 0;
   QComboBox* schedule_ = nullptr;

@@ -141,6 +141,12 @@ result<what_if_variant> apply_what_if(const project_config& cfg, const std::stri
       if (c.field == "parallel.micro_batches")
         v.notes.push_back("parallel.schedule is auto: the planner chooses the micro-batch count (add schedule=NAME to hold it)");
   refit_per_device(v.cfg, cfg, given, v.changes);
+  // A setting offload.auto would choose, asked about: held as asked (offload.auto off).
+  for (const char* f : {"offload.stream_weights", "offload.activations", "offload.recompute", "offload.recompute_granularity"})
+    if (given.count(f) && v.cfg.offload.automatic && !given.count("offload.auto")) {
+      v.changes.push_back({"offload.auto", "true", "false"});
+      v.cfg.offload.automatic = false;
+    }
   LP_TRY(validate_project(v.cfg));
   return v;
 }
@@ -334,6 +340,13 @@ std::string fit_limits_text(const fit_limits& f, const project_config& cfg) {
 
 project_config with_plan_choices(const project_config& cfg, const plan_report& rep) {
   project_config c = cfg;
+  if (rep.offload_auto.weighed) {  // offload.auto's choice, held
+    c.offload.automatic = false;
+    c.offload.stream_weights = rep.stream_weights;
+    c.offload.activations = rep.activations;
+    c.offload.recompute = rep.recompute;
+    c.offload.recompute_granularity = rep.recompute_granularity;
+  }
   c.parallel.schedule = rep.schedule;
   if (rep.schedule != "single") {
     c.parallel.micro_batches = rep.prog.micro_batches;
@@ -364,6 +377,14 @@ status write_plan_choices(const std::filesystem::path& project_file, const proje
   }
   // (after the last use of `par`: a new top-level key may move it)
   if (!chosen.offload.copy_links.empty()) j["offload"]["copy_links"] = chosen.offload.copy_links;
+  if (rep.offload_auto.weighed) {  // offload.auto's choice, kept as settings
+    auto& off = j["offload"];
+    off["stream_weights"] = chosen.offload.stream_weights;
+    off["activations"] = chosen.offload.activations;
+    off["recompute"] = chosen.offload.recompute;
+    off["recompute_granularity"] = chosen.offload.recompute_granularity;
+    off["auto"] = false;
+  }
   const std::string out = j.dump(2) + "\n";
   // What is written must read back as a valid project (same folder, same relative paths).
   LP_TRY_ASSIGN(back, parse_project(out, project_file));

@@ -66,7 +66,7 @@ what_if_answer what_if(const project_config& cfg, const plan_summary& base, cons
                        const device_inventory* probe, std::shared_ptr<const measured_compute> profile = nullptr);
 std::string what_if_text(const what_if_answer& a);
 
-// The offload settings the planner does not choose, each flipped on its own (weight streaming,
+// The offload settings the planner does not choose (offload.auto off), each flipped on its own (weight streaming,
 // activation offload, recompute, recompute granularity) and planned as what-if questions; those
 // that still fit and make the step at least 1% faster, fastest first. Pipelines only. Pass the
 // project with the plan's choices made (with_plan_choices) to hold its schedule and partition.
@@ -107,11 +107,13 @@ result<fit_limits> largest_fit(const project_config& cfg, const std::vector<size
 std::string fit_limits_text(const fit_limits& f, const project_config& cfg);
 
 // The project with the plan's choices made concrete: parallel.schedule, micro_batches and partition
-// as the plan has them (partition "even" when the planner kept the even one), and for round-robin
-// parallel.backward_partition (per-layer or counts; the forward partition as counts with them).
+// as the plan has them (partition "even" when the planner kept the even one), for round-robin
+// parallel.backward_partition (per-layer or counts; the forward partition as counts with them), and
+// with offload.auto the offload settings it chose (offload.auto then off).
 project_config with_plan_choices(const project_config& cfg, const plan_report& rep);
 
 // The project file with the plan's choices stored: parallel.schedule, micro_batches, partition and backward_partition
+// (with offload.auto: the offload settings it chose, and offload.auto false)
 // (and parallel.devices / schedule overrides the plan was made with; the device order, device speeds
 // and copy links of `planned`); other fields and their order are kept as the file has them. Written
 // atomically.

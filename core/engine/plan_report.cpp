@@ -1,6 +1,9 @@
 // The plan of a project: see plan_report.h.
 #include "core/engine/plan_report.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "core/engine/compute_profile.h"
 #include "core/engine/device_inventory.h"
 
@@ -42,7 +45,11 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.measured = rates.measured;
     const compute_rates predict = r.measured ? rates : compute_rates(gflops);
     r.compute = predict.describe();
-    project_config cfg = cfg_in;
+    LP_TRY_ASSIGN(cfg, resolve_auto_offload(cfg_in, mc, rates, &r.offload_auto));
+    r.stream_weights = cfg.offload.stream_weights;
+    r.activations = cfg.offload.activations;
+    r.recompute = cfg.offload.recompute;
+    r.recompute_granularity = cfg.offload.recompute_granularity;
     if (cfg.parallel.schedule == "auto") {
       LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
       cfg.parallel.schedule = choice.schedule;
@@ -96,6 +103,20 @@ status check_project_memory(const project_config& cfg) {
   LP_TRY_ASSIGN(rep, make_plan(cfg, auto_schedule_gflops));
   if (!rep.memory_refusal.empty()) return make_error("{}", rep.memory_refusal);
   return ok_status();
+}
+
+std::string offload_choice_text(const plan_report& r) {
+  const auto& o = r.offload_auto;
+  if (!o.weighed) return "";
+  const auto on = [](bool b) { return b ? "on" : "off"; };
+  const std::string settings =
+      fmt::format("weights streamed {}, recompute {}", on(r.stream_weights),
+                  r.recompute ? fmt::format("on ({}), activations offloaded {}", r.recompute_granularity, on(r.activations)) : "off");
+  if (o.step_s == 0 && o.given_step_s == 0) return "offload auto: no combination of the offload settings gives a plan that fits";
+  if (o.changes.empty())
+    return fmt::format("offload auto kept the settings as set ({}): no other combination predicts a step 1% faster that fits", settings);
+  return fmt::format("offload auto chose {} (changed {}); predicted step {:.4f} s against {} as set", settings, fmt::join(o.changes, ", "),
+                     o.step_s, o.given_step_s > 0 ? fmt::format("{:.4f} s", o.given_step_s) : std::string("no plan that fits"));
 }
 
 }  // namespace lorapipe

@@ -22,6 +22,10 @@ struct plan_report {
   // parallel.schedule as the project asked for it; when "auto", `schedule_candidates` holds what the
   // planner weighed (feasible ones fastest first) and prog is its choice.
   std::string requested_schedule;
+  // offload.auto: what the planner changed (resolve_auto_offload), and the offload settings planned.
+  offload_choice offload_auto;
+  bool stream_weights = true, activations = true, recompute = true;
+  std::string recompute_granularity;
   std::vector<schedule_candidate> schedule_candidates;
   std::string schedule;  // what runs: "single", or prog's pipeline schedule (a single run's prog is one gpipe stage)
   program prog;
@@ -70,5 +74,9 @@ result<llama_config> project_model_config(const project_config& cfg);
 // The project with parallel.schedule "auto" and, for a pipeline, parallel.partition "auto" resolved
 // (resolve_auto_schedule with project_compute_rates). What a run records and trains.
 result<project_config> resolve_project_schedule(const project_config& cfg);
+
+// offload.auto's choice in words (empty when offload.auto was off): the settings planned, what
+// changed, and the predicted step against the settings as set.
+std::string offload_choice_text(const plan_report& r);
 
 }  // namespace lorapipe

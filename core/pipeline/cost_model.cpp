@@ -2,6 +2,9 @@
 #include "core/pipeline/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -315,7 +318,8 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
   return out;
 }
 
-result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
+result<project_config> resolve_auto_schedule(const project_config& cfg_in, const llama_config& mc, const compute_rates& rates) {
+  LP_TRY_ASSIGN(cfg, resolve_auto_offload(cfg_in, mc, rates));
   project_config out = cfg;
   if (cfg.parallel.schedule == "auto") {
     LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
@@ -332,6 +336,80 @@ result<project_config> resolve_auto_schedule(const project_config& cfg, const ll
     if (rr_auto) out.parallel.backward_partition = backward_partition_text(part);
   }
   return out;
+}
+
+namespace {
+
+// Every combination of the four settings offload.auto chooses (activations and granularity only
+// while recomputing: without recompute there are no checkpoints to offload or recompute): 10.
+std::vector<project_config> offload_settings(const project_config& c) {
+  std::vector<project_config> out;
+  for (bool stream : {true, false})
+    for (int r = 0; r < 5; ++r) {
+      project_config v = c;
+      v.offload.stream_weights = stream;
+      v.offload.recompute = r < 4;
+      if (r < 4) {
+        v.offload.activations = (r & 1) != 0;
+        v.offload.recompute_granularity = (r & 2) != 0 ? "layer" : "stage";
+      }
+      out.push_back(std::move(v));
+    }
+  return out;
+}
+
+constexpr const char* offload_fields[] = {"offload.stream_weights", "offload.activations", "offload.recompute", "offload.recompute_granularity"};
+
+// "field: before -> after" for each of the four that differs (activations and granularity only
+// when both recompute).
+std::vector<std::string> offload_changes(const project_config& a, const project_config& b) {
+  std::vector<std::string> out;
+  for (const char* f : offload_fields) {
+    const std::string x = project_field_text(a, f), y = project_field_text(b, f);
+    const bool matters = std::string(f) == "offload.stream_weights" || std::string(f) == "offload.recompute" ||
+                         (a.offload.recompute && b.offload.recompute);
+    if (matters && x != y) out.push_back(fmt::format("{}: {} -> {}", f, x, y));
+  }
+  return out;
+}
+
+// The predicted step of a project with its schedule and partition resolved; inf when it cannot be
+// planned or does not fit.
+double resolved_step(const project_config& c, const llama_config& mc, const compute_rates& rates) {
+  auto r = resolve_auto_schedule(c, mc, rates);
+  if (!r) return std::numeric_limits<double>::infinity();
+  const schedule_candidate w = weigh(*r, mc, rates);
+  return w.ok ? w.step_s : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
+result<project_config> resolve_auto_offload(const project_config& cfg, const llama_config& mc, const compute_rates& rates,
+                                            offload_choice* why) {
+  project_config cur = cfg;
+  cur.offload.automatic = false;
+  if (!cfg.offload.automatic || device_count(cfg.parallel.devices) <= 1) return cur;
+  const double given = resolved_step(cur, mc, rates);
+  // The fastest that fits, taken over the settings as set only when at least 1% faster; among
+  // steps within 1e-9, the fewest changes.
+  double best = given;
+  size_t best_changes = 0;
+  project_config pick = cur;
+  for (const auto& v : offload_settings(cur)) {
+    const double t = resolved_step(v, mc, rates);
+    const size_t n = offload_changes(cur, v).size();
+    if (n == 0 || !std::isfinite(t)) continue;
+    const bool beats_given = !std::isfinite(given) || t < 0.99 * given;
+    const bool better = t < best * (1 - 1e-9) || (t <= best * (1 + 1e-9) && n < best_changes);
+    if (beats_given && better) best = t, best_changes = n, pick = v;
+  }
+  if (why != nullptr) {
+    why->weighed = true;
+    why->changes = offload_changes(cur, pick);
+    why->given_step_s = std::isfinite(given) ? given : 0;
+    why->step_s = std::isfinite(best) ? best : 0;
+  }
+  return pick;
 }
 
 }  // namespace lorapipe

@@ -125,9 +125,24 @@ struct schedule_choice {
   std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others
 };
 result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
-// The project with schedule "auto" replaced by choose_schedule's choice and, for a pipeline, partition
-// "auto" by choose_partition's layer counts (what a run records and trains).
+// The project with offload.auto resolved (resolve_auto_offload), schedule "auto" replaced by
+// choose_schedule's choice and, for a pipeline, partition "auto" by choose_partition's layer counts
+// (what a run records and trains).
 result<project_config> resolve_auto_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
+// offload.auto: every combination of stream_weights, recompute, activations and
+// recompute_granularity (10; the project's schedule and partition resolved for each:
+// resolve_auto_schedule) is predicted; the fastest that fits wins when at least 1% faster than the
+// settings as set (any that fits, when those do not), among equals the one with fewest changes.
+// Returns the project with the settings chosen and offload.auto off; one device (nothing to
+// offload) or offload.auto off: the project as it is (offload.auto off).
+struct offload_choice {
+  bool weighed = false;               // offload.auto was on, on a pipeline
+  std::vector<std::string> changes;   // "offload.stream_weights: true -> false" for each setting changed
+  double given_step_s = 0, step_s = 0;  // predicted as set (0: does not fit or cannot run) and as chosen
+};
+result<project_config> resolve_auto_offload(const project_config& cfg, const llama_config& mc, const compute_rates& rates,
+                                            offload_choice* why = nullptr);
+
 // The throughput the automatic choice assumes (per device; the ranking depends on the ratio of
 // compute to copy time, which offload.copy_gbps sets).
 inline constexpr double auto_schedule_gflops = 100;

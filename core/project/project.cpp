@@ -251,6 +251,8 @@ status validate_project(const project_config& c) {
                 "where the forward tail begins)");
   if (auto speeds = device_speeds(c); !speeds) p.push_back(speeds.message());
   if (auto links = copy_links(c); !links) p.push_back(links.message());
+  need(!c.offload.automatic || c.parallel.devices.rfind("cuda", 0) != 0 || n_dev <= 1 || c.offload.device_memory_mb > 0, "offload.auto",
+       "on GPUs needs offload.device_memory_mb (the memory each GPU may use): the bound its choice must fit");
   need(c.offload.copy_links.empty() || c.parallel.devices.rfind("cuda", 0) != 0, "offload.copy_links",
        "models the host links of CPU virtual devices; a GPU's links are probed (plan --probe)");
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
@@ -472,6 +474,7 @@ std::string config_hash(const project_config& cfg) {
   if (c.parallel.backward_partition == "auto" || c.parallel.backward_partition == "per-layer") j["parallel"].erase("backward_partition");
   if (c.parallel.device_speeds.empty()) j["parallel"].erase("device_speeds");
   if (c.offload.copy_links.empty()) j["offload"].erase("copy_links");
+  if (!c.offload.automatic) j["offload"].erase("auto");
   // How many processes run the pipeline, and where they meet, does not change what it computes (a
   // run resumes with another process count; every rank of one run brings the same hash).
   j.erase("distributed");

@@ -79,6 +79,7 @@ struct project_config {
     double copy_gbps = 0;
     std::string copy_links;  // CPU virtual devices: the host link of each ("0,0,1,1"; empty = one each)
     double pinned_memory_gb = 0;
+    bool automatic = false;  // offload.auto: the planner chooses the four settings above
   } offload;
   struct {
     int64_t processes = 1;                    // ranks of one pipeline (device positions split in blocks)
@@ -170,6 +171,10 @@ void visit_fields(C& c, F&& f) {
     "CPU virtual devices: the host link each device copies through, one number per device like 0,0,1,1 (devices with the same "
     "number share one link of offload.copy_gbps each way, as GPUs behind one PCIe switch do, and a device's weight and "
     "activation uploads share its link too; empty = each copy engine throttled on its own).");
+  f("offload.auto", c.offload.automatic,
+    "Pipelines: let the planner choose stream_weights, activations, recompute and recompute_granularity (the fastest "
+    "predicted step that fits offload.device_memory_mb, of the 10 combinations; a run records what it chose). On GPUs "
+    "it needs offload.device_memory_mb.");
   f("offload.pinned_memory_gb", c.offload.pinned_memory_gb, "CUDA: host RAM in GB that streamed weights may page-lock (0 = half of RAM); weights beyond it go through a pinned bounce buffer.");
   f("distributed.processes", c.distributed.processes,
     "Processes that run the pipeline's devices (1 = all in this one); the device positions are split into contiguous blocks, "

@@ -329,6 +329,21 @@ def main():
               rc == 0 and part.get("backward_how") == "balanced" and back != "" and rc2 == 0
               and f"{','.join(map(str, part['layers']))} forward + {back} backward layers" in err2
               and rec["parallel"]["backward_partition"] == back, plan_out[-600:] + err2[-600:])
+        # offload.auto: plan says which offload settings it chose; the run records them, concrete.
+        op = json.load(open(os.path.join(t, "p.json")))
+        op["parallel"].update({"devices": "cpu:2", "schedule": "1f1b"})
+        op.setdefault("offload", {}).update({"auto": True, "copy_gbps": 0.05})
+        json.dump(op, open(os.path.join(t, "oa.json"), "w"))
+        rc, plan_out, err = run(cli, "plan", os.path.join(t, "oa.json"), "--json")
+        off = json.loads(plan_out).get("offload", {}) if rc == 0 else {}
+        rc_t, plan_txt, _ = run(cli, "plan", os.path.join(t, "oa.json"))
+        rc2, _, err2 = run(cli, "train", os.path.join(t, "oa.json"), "--steps", "1", "--output", os.path.join(t, "run_oa"), "--threads", "2")
+        rec = json.load(open(os.path.join(t, "run_oa", "project.json"))) if rc2 == 0 else {}
+        check("offload.auto: plan shows the offload settings it chose, the run records them with offload.auto off",
+              rc == 0 and off.get("auto") is True and len(off.get("changes", [])) > 0 and rc_t == 0
+              and "offload auto chose" in plan_txt and rc2 == 0 and rec["offload"].get("auto") is False
+              and rec["offload"]["stream_weights"] == off["stream_weights"] and rec["offload"]["recompute"] == off["recompute"],
+              plan_out[-600:] + plan_txt[-400:] + err2[-600:])
         # The device probe: measured once, then reused from the cache (keyed by the devices' fingerprint).
         penv = dict(os.environ, XDG_CACHE_HOME=os.path.join(t, "cache"))
         rc, out1, err1 = run(cli, "plan", os.path.join(t, "hp.json"), "--probe", "--json", env=penv)
