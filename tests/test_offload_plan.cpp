@@ -351,6 +351,15 @@ lorapipe::llama_config synthetic_llama() {
   EXPECT_TRUE(mc.ok()) << mc.message();
   return *mc;
 }
+// 1F1B on two CPU virtual devices with `batch` sequences of `seq_len` tokens.
+lorapipe::project_config two_cpu_1f1b(int64_t batch, int64_t seq_len) {
+  lorapipe::project_config c;
+  c.parallel.devices = "cpu:2";
+  c.parallel.schedule = "1f1b";
+  c.run.batch_size = batch;
+  c.data.seq_len = seq_len;
+  return c;
+}
 }  // namespace
 
 // parallel.schedule "auto" (the default): on several devices every pipeline schedule with `devices`
@@ -471,11 +480,7 @@ TEST(AutoSchedule, ValidationTreatsAutoAsAPipelineOnSeveralDevices) {
 // for the whole run, so its peak rises by exactly that); CPU virtual devices are charged nothing.
 TEST(DeviceMemory, PlanChargesCublasWorkspacesOnCudaDevices) {
   const llama_config mc = synthetic_llama();
-  project_config cpu;
-  cpu.parallel.devices = "cpu:2";
-  cpu.parallel.schedule = "1f1b";
-  cpu.run.batch_size = 4;
-  cpu.data.seq_len = 128;
+  project_config cpu = two_cpu_1f1b(4, 128);
   project_config gpu = cpu;
   gpu.parallel.devices = "cuda:0,1";
   auto p = project_program(cpu, mc, 100);
@@ -508,11 +513,7 @@ TEST(DeviceMemory, PlanChargesCublasWorkspacesOnCudaDevices) {
 TEST(AutoOffload, ChoosesTheFastestSettingsThatFit) {
   using namespace lorapipe;
   const llama_config mc = synthetic_llama();
-  project_config cfg;
-  cfg.parallel.devices = "cpu:2";
-  cfg.parallel.schedule = "1f1b";
-  cfg.run.batch_size = 8;
-  cfg.data.seq_len = 256;
+  project_config cfg = two_cpu_1f1b(8, 256);
   cfg.offload.copy_gbps = 4;
   cfg.parallel.partition = "even";
   cfg.offload.automatic = true;
