@@ -396,8 +396,8 @@ device_inventory four_on_two_links(double bytes_per_s) {
 }
 }  // namespace
 
-// Shared links in the plan: the probe's groups are costed as links (the simulator books the copies
-// of a group on one link each way, so a plan whose copies collide on them predicts a longer step
+// Shared links in the plan: the probe's groups are costed as links (the simulator divides a group's
+// link among the copies in flight on it, so a plan whose copies collide on them predicts a longer step
 // than the same with a link each), and the cross-mapped order is taken only when the simulator
 // predicts it faster, with both predictions reported.
 TEST(PlanQuestions, SharedLinksAreCostedAndTheDeviceOrderIsChecked) {

@@ -209,3 +209,138 @@ TEST(Simulator, StreamingOverlapsCopiesAndBoundsMemory) {
   std::printf("round-robin p=2 m=3: makespan %.2f s (fast copies) vs %.2f s (slow), bubble %.3f\n", fast.makespan_s,
               slow.makespan_s, fast.bubble_ratio);
 }
+
+namespace {
+// Two devices that each upload one stage's weights (bytes per stage given) at the start and then
+// run a forward of it: when each forward can start says when its upload was through.
+program two_uploads() {
+  program p;
+  p.schedule = "uploads";
+  p.micro_batches = 1;
+  p.stages = {{0, 1, true, false}, {0, 1, true, false}};
+  for (int32_t d = 0; d < 2; ++d)
+    p.devices.push_back({{op::prefetch_weights, d, -1, -1}, {op::load_micro_batch, d, 0, -1}, {op::forward, d, 0, -1}});
+  return p;
+}
+double forward_start(const sim_result& r, int32_t device) {
+  for (const auto& t : r.timeline)
+    if (t.device == device && t.in.kind == op::forward) return t.start_s;
+  return -1;
+}
+}  // namespace
+
+// Copies on one shared host link divide its bandwidth among those in flight at once (processor
+// sharing, as the copy engines on offload.copy_links do), not one after another: two equal uploads
+// both end at twice the time alone; a short upload next to a long one ends after twice its own time
+// (not after the long one), and the long one is late only by the short one's bytes.
+TEST(Simulator, CopiesOnASharedLinkDivideItsBandwidth) {
+  const program p = two_uploads();
+  sim_costs c = uniform_costs(p, 1.0, 2.0);
+  c.h2d_bytes_per_s = c.d2h_bytes_per_s = 100;
+  c.weight_bytes = {100, 100};
+  sim_result own = simulate(p, c);
+  ASSERT_TRUE(own.ok) << own.error;
+  EXPECT_NEAR(forward_start(own, 0), 1.0, 1e-9);
+  EXPECT_NEAR(forward_start(own, 1), 1.0, 1e-9);
+  c.copy_link = {0, 0};
+  sim_result shared = simulate(p, c);
+  ASSERT_TRUE(shared.ok) << shared.error;
+  EXPECT_NEAR(forward_start(shared, 0), 2.0, 0.01);
+  EXPECT_NEAR(forward_start(shared, 1), 2.0, 0.01);
+  EXPECT_NEAR(shared.makespan_s, 3.0, 0.01);
+  c.weight_bytes = {1000, 100};  // 10 s and 1 s alone
+  shared = simulate(p, c);
+  ASSERT_TRUE(shared.ok) << shared.error;
+  EXPECT_NEAR(forward_start(shared, 1), 2.0, 0.02);
+  EXPECT_NEAR(forward_start(shared, 0), 11.0, 0.02);
+  c.weight_bytes = {100, 1000};  // the same with the long one booked second
+  shared = simulate(p, c);
+  ASSERT_TRUE(shared.ok) << shared.error;
+  EXPECT_NEAR(forward_start(shared, 0), 2.0, 0.02);
+  EXPECT_NEAR(forward_start(shared, 1), 11.0, 0.02);
+  c.copy_link = {0, 1};  // links of their own: nothing shared
+  shared = simulate(p, c);
+  ASSERT_TRUE(shared.ok) << shared.error;
+  EXPECT_NEAR(forward_start(shared, 0), 1.0, 1e-9);
+  EXPECT_NEAR(forward_start(shared, 1), 10.0, 1e-9);
+}
+
+// The latency of a copy comes before its bytes and is not shared: two equal uploads of 1 s of bytes
+// after 0.5 s of latency each are through at 0.5 + 2 s, not hidden behind the latency.
+TEST(Simulator, ACopysLatencyComesBeforeItsSharedBytes) {
+  const program p = two_uploads();
+  sim_costs c = uniform_costs(p, 1.0, 2.0);
+  c.h2d_bytes_per_s = c.d2h_bytes_per_s = 100;
+  c.copy_latency_s = 0.5;
+  c.weight_bytes = {100, 100};
+  c.copy_link = {0, 0};
+  const sim_result r = simulate(p, c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_NEAR(forward_start(r, 0), 2.5, 0.01);
+  EXPECT_NEAR(forward_start(r, 1), 2.5, 0.01);
+}
+
+// A copy that begins while another is half way: device 1 computes for 1 s first, then uploads 1 s of
+// bytes beside device 0's 10 s upload begun at 0; from then on each gets half the link: device 1's is
+// through at 3, device 0's at 11 (1 s alone, 2 s at half, then the 8 s left alone).
+TEST(Simulator, ACopyJoiningALinkMidwaySharesFromThen) {
+  program p;
+  p.schedule = "late upload";
+  p.micro_batches = 1;
+  p.stages = {{0, 1, true, false}, {0, 1, true, false}, {0, 1, true, false}};
+  p.devices.push_back({{op::prefetch_weights, 0, -1, -1}, {op::load_micro_batch, 0, 0, -1}, {op::forward, 0, 0, -1}});
+  p.devices.push_back({{op::prefetch_weights, 2, -1, -1},
+                       {op::load_micro_batch, 2, 0, -1},
+                       {op::forward, 2, 0, -1},
+                       {op::prefetch_weights, 1, -1, -1},
+                       {op::load_micro_batch, 1, 0, -1},
+                       {op::forward, 1, 0, -1}});
+  sim_costs c = uniform_costs(p, 1.0, 2.0);
+  c.h2d_bytes_per_s = c.d2h_bytes_per_s = 100;
+  c.weight_bytes = {1000, 100, 0};
+  c.copy_link = {0, 0};
+  const sim_result r = simulate(p, c);
+  ASSERT_TRUE(r.ok) << r.error << "\n" << r.grid;
+  double late = -1;
+  for (const auto& t : r.timeline)
+    if (t.device == 1 && t.in.kind == op::forward && t.in.stage == 1) late = t.start_s;
+  EXPECT_NEAR(late, 3.0, 0.02) << r.grid;
+  EXPECT_NEAR(forward_start(r, 0), 11.0, 0.02) << r.grid;
+}
+
+// CPU virtual devices share the host's cores: three 1 s forwards at once on two slots take 1.5 s
+// each; a device off the host's cores (a GPU) shares nothing; a device at half speed holds a core
+// only for its share of the work and idles the rest (as cpu_device does), so it does not slow the
+// others beyond that.
+TEST(Simulator, CpuDevicesShareTheHostsCores) {
+  program p;
+  p.schedule = "three forwards";
+  p.micro_batches = 1;
+  for (int32_t d = 0; d < 3; ++d) {
+    p.stages.push_back({0, 1, true, false});
+    p.devices.push_back({{op::prefetch_weights, d, -1, -1}, {op::load_micro_batch, d, 0, -1}, {op::forward, d, 0, -1}});
+  }
+  sim_costs c = uniform_costs(p, 1.0, 2.0);
+  c.weight_bytes = {0, 0, 0};
+  const auto ends = [&](const sim_costs& costs) {
+    const sim_result r = simulate(p, costs);
+    EXPECT_TRUE(r.ok) << r.error;
+    std::vector<double> out(3, -1);
+    for (const auto& t : r.timeline) out[static_cast<size_t>(t.device)] = t.end_s - t.start_s;
+    return out;
+  };
+  EXPECT_NEAR(ends(c)[0], 1.0, 1e-9);  // no sharing asked for
+  c.host_compute_slots = 2;
+  c.on_host_cores = {true, true, true};
+  for (double e : ends(c)) EXPECT_NEAR(e, 1.5, 0.01);
+  c.on_host_cores = {true, true, false};
+  for (double e : ends(c)) EXPECT_NEAR(e, 1.0, 0.01);
+  c.host_compute_slots = 1;  // two on one core: 2 s each
+  c.device_speed = {1.0, 0.5, 1.0};
+  const auto slow = ends(c);
+  // Device 1 works 1 s on the core at the fastest speed, sharing it with device 0 from 0 to 2, then
+  // idles as long again: 4 s; device 0 shares the core the whole of its second: 2 s.
+  EXPECT_NEAR(slow[0], 2.0, 0.01);
+  EXPECT_NEAR(slow[1], 4.0, 0.01);
+  EXPECT_NEAR(slow[2], 1.0, 0.01);
+}

@@ -35,8 +35,8 @@ result<probe_outcome> probe_project_devices(const project_config& cfg, const pro
 // slowest copy rate measured with all devices copying at once (both directions), so the simulator's
 // copies take what the hardware gives (CUDA devices otherwise plan with free copies). Where devices
 // share an upstream link that slows them (cross_mapping's groups), the links are costed instead:
-// offload.copy_links numbers the groups (also on GPUs: the simulator then books their copies on
-// one link each way) and offload.copy_gbps is the slowest rate measured alone. Unchanged when
+// offload.copy_links numbers the groups (also on GPUs: the simulator then divides one link each way
+// among their copies in flight) and offload.copy_gbps is the slowest rate measured alone. Unchanged when
 // nothing was measured.
 project_config with_probed_bandwidth(const project_config& cfg, const device_inventory& inv);
 

@@ -1,6 +1,8 @@
 // The plan of a project: see plan_report.h.
 #include "core/engine/plan_report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -73,6 +75,10 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     const sim_costs costs = estimate_costs(r.prog, mc, cfg, predict);
     r.sim = simulate(r.prog, costs);
+    if (costs.host_compute_slots > 0)
+      r.compute += fmt::format("; {} CPU virtual devices of {} thread(s) share the host's {} cores, {:g} computing at full speed at once",
+                               std::count(costs.on_host_cores.begin(), costs.on_host_cores.end(), true), cfg.parallel.threads_per_device,
+                               host_core_count(), costs.host_compute_slots);
     if (!r.sim.ok) return make_error("the generated program is invalid: {}\n{}", r.sim.error, r.sim.grid);
     r.stage_bytes = stage_weight_bytes(r.prog, mc, compute_element_bytes(cfg));
     r.arenas = plan_weight_arenas(r.prog, r.stage_bytes, weight_alignment);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -136,6 +137,19 @@ std::string compute_rates::describe() const {
   return fmt::format("the layer profile ({} x {} tokens per micro-batch, scaled by FLOPs to other shapes)", measured->rows, measured->seq_len);
 }
 
+int host_core_count() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+void share_host_cores(sim_costs& c, const program& p, const project_config& cfg, int cores) {
+  c.host_compute_slots = 0;
+  c.on_host_cores.clear();
+  const auto spec = parse_device_spec(cfg.parallel.devices);
+  const int64_t threads = std::max<int64_t>(1, cfg.parallel.threads_per_device);
+  if (!spec || spec->count() != p.num_devices() || spec->cpus < 2 || spec->cpus * threads <= cores) return;
+  c.host_compute_slots = std::max(1.0, static_cast<double>(cores) / static_cast<double>(threads));
+  c.on_host_cores.assign(static_cast<size_t>(p.num_devices()), false);
+  for (int d = 0; d < spec->cpus; ++d) c.on_host_cores[static_cast<size_t>(d)] = true;  // CPU devices come first
+}
+
 sim_costs estimate_costs(const program& p, const llama_config& mc, const project_config& cfg, const compute_rates& rates) {
   const int64_t rows = cfg.run.batch_size / std::max<int32_t>(1, p.micro_batches);
   const int64_t T = cfg.data.seq_len;
@@ -175,6 +189,7 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
     c.device_speed = *speeds;
   if (auto links = copy_links(cfg); links && p.num_devices() > 1 && static_cast<int32_t>(links->size()) == p.num_devices())
     c.copy_link.assign(links->begin(), links->end());
+  share_host_cores(c, p, cfg, host_core_count());
   return c;
 }
 

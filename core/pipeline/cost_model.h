@@ -97,10 +97,15 @@ memory_plan checked_memory_plan(const program& p, const llama_config& c, const p
 // Simulator costs for the project's program: compute from `rates` (FLOPs at a throughput, or the
 // layer profile; a stage whose forward is recomputed later runs it without autograd), exact stage weight bytes, boundary activation bytes, stash bytes, copy
 // bandwidth from offload.copy_gbps, shared host links from offload.copy_links, device speeds from
-// parallel.device_speeds, recompute granularity
-// from offload.recompute_granularity; steady state
+// parallel.device_speeds, recompute granularity from offload.recompute_granularity, the host's
+// cores shared by CPU virtual devices (share_host_cores with host_core_count()); steady state
 // (cross-iteration prefetches already resident).
 sim_costs estimate_costs(const program& p, const llama_config& c, const project_config& cfg, const compute_rates& rates);
+
+// CPU virtual devices that want more threads (parallel.threads_per_device each) than the host has
+// `cores` share them: sim_costs::host_compute_slots = cores / threads; otherwise no sharing.
+void share_host_cores(sim_costs& c, const program& p, const project_config& cfg, int cores);
+int host_core_count();  // std::thread::hardware_concurrency(), at least 1
 
 // parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
 // every pipeline schedule (schedule_names()) with each micro-batch count in {devices, 2 x devices}

@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/pipeline/sim_sharing.h"
 #include "offload/memory_arena.h"
 
 namespace lorapipe {
@@ -46,7 +47,9 @@ using key = std::tuple<char, int32_t, int32_t, int32_t>;
 struct engine {
   std::map<double, double> busy;  // start -> end
   double fit(double t, double dur) const {  // the first gap from t that fits dur
-    for (auto it = busy.begin(); it != busy.end(); ++it) {
+    auto it = busy.upper_bound(t);  // intervals do not overlap: those before the one holding t end by t
+    if (it != busy.begin()) --it;
+    for (; it != busy.end(); ++it) {
       if (it->second <= t) continue;
       if (it->first >= t + dur) break;
       t = std::max(t, it->second);
@@ -125,8 +128,9 @@ std::optional<sim_result> check_pairing(const program& p) {
 // kind has one method that books compute, copies and memory and returns false when it must wait.
 class sim_run {
  public:
-  sim_run(const program& p, const sim_costs& c)
-      : p_(p), c_(c), D_(p.num_devices()), dev_(D_), carried_(D_), act_(c.act_bytes), ckpt_(checkpoint_boundaries(p, c.per_layer_recompute)) {
+  sim_run(const program& p, const sim_costs& c, sim_sharing::resources last_pass = {})
+      : p_(p), c_(c), D_(p.num_devices()), dev_(D_), shared_(std::move(last_pass)), carried_(D_), act_(c.act_bytes),
+        ckpt_(checkpoint_boundaries(p, c.per_layer_recompute)) {
     for (const auto& list : p.devices)
       for (const auto& in : list) {
         if (in.kind == op::recompute) has_recompute_.insert(in.stage);
@@ -171,6 +175,9 @@ class sim_run {
                                                            end.first.first, end.first.second));
     return finish();
   }
+
+  // The work on shared links and host cores with its intervals in this pass (the next pass starts from it).
+  sim_sharing::resources take_shared() { return std::move(shared_); }
 
  private:
   bool execute(int32_t d, const instr& in) {
@@ -234,11 +241,10 @@ class sim_run {
       if (!has(k)) return false;
       start = std::max(start, ready_[k]);
     }
-    if (static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0) cost /= c_.device_speed[d];
     started_ = ds.last_start = start;
     ++ds.computes;
-    ds.clock = ended_ = start + cost;
-    ds.busy += cost;
+    ds.clock = ended_ = compute_end(d, start, cost);
+    ds.busy += ended_ - start;
     // The executor waits, when a compute ends (after its results are kept), for the outgoing
     // copies issued before it began: their sources are freed just after the compute's allocations.
     if (!ds.pending_free.empty()) {
@@ -253,6 +259,22 @@ class sim_run {
     }
     timeline_.push_back({d, static_cast<int32_t>(ds.pc), in, start, ds.clock});
     return true;
+  }
+
+  // When a compute of `cost` seconds (at speed 1, alone) begun at `start` ends on device d: slower by
+  // its speed; a CPU virtual device also shares the host's cores with the others computing at once
+  // (sim_costs::host_compute_slots) and, slower than the fastest, idles in proportion after (as
+  // cpu_device does), holding no core meanwhile.
+  double compute_end(int32_t d, double start, double cost) {
+    const double speed = static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0 ? c_.device_speed[d] : 1.0;
+    const bool on_host = c_.host_compute_slots > 0 && static_cast<size_t>(d) < c_.on_host_cores.size() && c_.on_host_cores[d];
+    if (!on_host || !(cost > 0) || !std::isfinite(start + cost)) return start + cost / speed;
+    const double fastest = std::max(speed, fastest_speed_);
+    auto& cores = shared_.try_emplace(sim_sharing::host_cores, c_.host_compute_slots).first->second;
+    const sim_sharing::work_id id{d, static_cast<int32_t>(dev_[d].pc)};
+    const double busy_end = cores.end_of(id, start, cost / fastest);
+    cores.set(id, start, busy_end);
+    return start + (busy_end - start) * fastest / speed;
   }
 
   bool forward(int32_t d, const instr& in) {
@@ -407,7 +429,7 @@ class sim_run {
     const key local{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d};
     if (!has(local)) return false;
     const double down = transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
-    const double t1 = book(d, ds.d2h, false, std::max(ds.clock, ready_[local]), down) + down;
+    const double t1 = copy(d, ds.d2h, false, std::max(ds.clock, ready_[local]), down).second;
     ds.pending_free.push_back({t1, -act_, mem_kind::activations, -1, in.micro, t1});
     ready_[{msg.kind, msg.boundary, in.micro, in.peer}] = t1;  // in host staging; the RECV uploads it
     return true;
@@ -423,26 +445,35 @@ class sim_run {
     auto& ds = dev_[d];
     const double gate = ds.computes > 0 ? ds.last_start : 0.0;
     const double up = transfer(act_, c_.h2d_bytes_per_s, c_.copy_latency_s);
-    const double t2 = book(d, ds.h2d, true, std::max(ready_[mail], gate), up);
+    const auto [t2, arrived] = copy(d, ds.h2d, true, std::max(ready_[mail], gate), up);
     ds.mem.push_back({gate, act_, mem_kind::activations, -1, in.micro, t2});
-    ds.clock = std::max(ds.clock, t2 + up);  // the device thread blocks until it arrives
+    ds.clock = std::max(ds.clock, arrived);  // the device thread blocks until it arrives
     ready_[{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d}] = dev_[d].clock;
     return true;
   }
 
-  // A copy on one of device d's engines that, with a shared link, also needs the link (uploads or
-  // downloads of every device on it, one at a time): the first time from t when both are free.
-  double book(int32_t d, engine& own, bool up, double t, double dur) {
+  // A copy on one of device d's engines: [start, end). With a shared link it also shares the link's
+  // bandwidth with the copies in flight there (uploads or downloads of every device on it): it ends
+  // when its bytes are through at its share, or after its own time alone (latency), whichever is later.
+  std::pair<double, double> copy(int32_t d, engine& own, bool up, double t, double dur) {
     const auto l = static_cast<size_t>(d) < c_.copy_link.size() ? c_.copy_link[static_cast<size_t>(d)] : -1;
-    if (l < 0) return own.reserve(t, dur);
-    engine& link = (up ? link_up_ : link_down_)[l];
-    for (int guard = 0; guard < 100000; ++guard) {
-      const double a = own.fit(t, dur), b = link.fit(a, dur);
-      t = b;
-      if (b == a) break;
+    if (l < 0 || !(dur > 0) || !std::isfinite(t + dur)) {
+      const double s = own.reserve(t, dur);
+      return {s, s + dur};
     }
-    link.reserve(t, dur);
-    return own.reserve(t, dur);
+    auto& on_link = shared_.try_emplace({l, up}, 1.0).first->second;
+    const sim_sharing::work_id id{d, static_cast<int32_t>(dev_[d].pc)};
+    const double lat = std::min(dur, c_.copy_latency_s), work = dur - lat;  // the bytes move after the latency
+    double s = own.fit(t, dur), through = s + dur;
+    for (;;) {  // its engine must be free for as long as it takes; s only moves on to the end of a busy interval
+      through = on_link.end_of(id, s + lat, work);
+      const double again = own.fit(s, through - s);
+      if (again == s) break;
+      s = again;
+    }
+    own.reserve(s, through - s);
+    on_link.set(id, s + lat, through);
+    return {s, through};
   }
 
   bool prefetch(int32_t d, const instr& in) {
@@ -455,8 +486,8 @@ class sim_run {
       return true;
     }
     const double up = transfer(c_.weight_bytes[s], c_.h2d_bytes_per_s, c_.weight_bytes[s] > 0 ? c_.copy_latency_s : 0);
-    const double t = book(d, ds.wh2d, true, ds.clock, up);
-    ready_[weights(d, s)] = t + up;
+    const auto [t, through] = copy(d, ds.wh2d, true, ds.clock, up);
+    ready_[weights(d, s)] = through;
     charge(d, t, c_.weight_bytes[s], mem_kind::weights, s, -1);
     return true;
   }
@@ -474,7 +505,7 @@ class sim_run {
     const key ck{'c', st.first_layer, in.micro, d};
     if (!has(ck)) return false;
     const double down = transfer(bounds_bytes(in.stage), c_.d2h_bytes_per_s, c_.copy_latency_s);
-    const double t1 = book(d, ds.d2h, false, std::max(ds.clock, ready_[ck]), down) + down;
+    const double t1 = copy(d, ds.d2h, false, std::max(ds.clock, ready_[ck]), down).second;
     for (int32_t b : bounds(in.stage)) ds.pending_free.push_back({t1, -checkpoint_bytes(b), mem_kind::checkpoints, in.stage, in.micro, t1});
     ready_[{'H', st.first_layer, in.micro, -1}] = t1;
     return true;
@@ -486,10 +517,10 @@ class sim_run {
     const key hk{'H', st.first_layer, in.micro, -1};
     if (!has(hk)) return false;
     const double up = transfer(bounds_bytes(in.stage), c_.h2d_bytes_per_s, c_.copy_latency_s);
-    const double t = book(d, ds.h2d, true, std::max(ds.clock, ready_[hk]), up);
+    const double through = copy(d, ds.h2d, true, std::max(ds.clock, ready_[hk]), up).second;
     for (int32_t b : bounds(in.stage))  // charged when the upload is queued
       charge(d, std::max(ds.clock, ready_[hk]), checkpoint_bytes(b), mem_kind::checkpoints, in.stage, in.micro);
-    ready_[{'c', st.first_layer, in.micro, d}] = t + up;
+    ready_[{'c', st.first_layer, in.micro, d}] = through;
     return true;
   }
 
@@ -522,7 +553,8 @@ class sim_run {
   const sim_costs& c_;
   const int32_t D_;
   std::vector<device_state> dev_;
-  std::map<int32_t, engine> link_up_, link_down_;  // shared host links (sim_costs::copy_link)
+  // Copies on shared host links and computes on the host's cores: this pass's once booked, else the last pass's.
+  sim_sharing::resources shared_;
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
   const double act_;
   std::map<int32_t, std::set<int32_t>> ckpt_;  // forward stage -> boundaries it checkpoints
@@ -535,6 +567,7 @@ class sim_run {
   int total_backward_ = 0, backward_done_ = 0;
   double last_backward_end_ = 0;
   std::vector<sim_interval> timeline_;
+  const double fastest_speed_ = c_.device_speed.empty() ? 1.0 : *std::max_element(c_.device_speed.begin(), c_.device_speed.end());
   double started_ = 0;  // when the last compute() began (exactly: end - cost need not round back to it)
   double ended_ = 0;    // when it ended (before waiting for outgoing copies)
 };
@@ -543,10 +576,29 @@ class sim_run {
 
 sim_result simulate(const program& p, const sim_costs& c) {
   if (auto bad = check_pairing(p)) return *bad;
-  return sim_run(p, c).run();
+  sim_run first(p, c);
+  sim_result r = first.run();
+  sim_sharing::resources shared = first.take_shared();
+  if (!r.ok || !sim_sharing::any_oversubscribed(shared)) return r;  // nothing was slowed by sharing: settled
+  // The order of events is the same each pass, only times move. Settled: nothing ends more than
+  // 0.1% of the step later or earlier than in the pass before. Work that slips in and out of a gap
+  // on its engine can make passes alternate instead: then the slower of the last two stands.
+  for (int pass = 1; pass < sim_sharing::max_passes; ++pass) {
+    sim_run next(p, c, shared);
+    sim_result again = next.run();
+    sim_sharing::resources now = next.take_shared();
+    if (!again.ok) return again;
+    const bool settled = sim_sharing::largest_shift(shared, now) <= 1e-3 * std::max(r.makespan_s, again.makespan_s);
+    const bool last = pass + 1 == sim_sharing::max_passes;
+    if (settled || !last || again.makespan_s >= r.makespan_s) r = std::move(again);
+    if (settled) break;
+    shared = std::move(now);
+  }
+  return r;
 }
 
 sim_costs with_measured_compute(const program& p, sim_costs c, const std::vector<sim_interval>& measured) {
+  c.host_compute_slots = 0;  // the measured times already hold the sharing of the host's cores
   std::map<std::pair<op, int32_t>, std::vector<double>> times;  // (kind, stage) -> seconds
   // Normalised to a speed-1 device: simulate divides by the speed of the device that runs it.
   const auto speed = [&](int32_t d) {

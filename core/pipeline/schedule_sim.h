@@ -37,10 +37,16 @@ struct sim_costs {
   double h2d_bytes_per_s = 0;       // 0 = infinitely fast copies
   double d2h_bytes_per_s = 0;
   // Per device: the host link its copies share with the devices of the same number (GPUs behind one
-  // PCIe switch, offload.copy_links), one copy at a time each way at the rates above; empty or
+  // PCIe switch, offload.copy_links) at the rates above each way, divided equally among the copies
+  // in flight on it at once (simulate replays the program until that sharing settles); empty or
   // negative = a link of its own (its three engines independent).
   std::vector<int32_t> copy_link;
   double copy_latency_s = 0;
+  // CPU virtual devices compute on the host's cores: at most host_compute_slots computes (cores /
+  // threads per device) run at full speed at once, more divide them equally. Per device: true = on
+  // the host's cores. 0 = as many as there are devices (no sharing; GPUs, or cores enough).
+  double host_compute_slots = 0;
+  std::vector<bool> on_host_cores;
   // Steady state: a stage prefetched again after a device's last compute (cross-iteration prefetch)
   // is already resident when the program starts, so its first PREFETCH costs nothing.
   bool steady_state = false;

@@ -15,13 +15,15 @@
 // 3. Cross mapping (--cross): four devices whose copies share two host links (offload.copy_links
 //    0,0,1,1: two GPUs behind each of two PCIe switches), round-robin with weights streamed; the probe
 //    measures the links, cross_mapping reorders them (Mobius), and the given order and the mapped one
-//    are predicted (the simulator books shared links) and measured side by side: the planner takes
+//    are predicted (the simulator divides shared links among the copies in flight) and measured side by side: the planner takes
 //    the mapped order only when the prediction is at least 1% faster (plan_device_order).
 // 4. Round-robin's backward stages (--backward): the even forward stages with every way of cutting
 //    the layers before the fused tail into backward stages of equal size (one layer each, as before
 //    parallel.backward_partition, up to one stage), and the planner's choice (forward and backward
 //    partitions auto, from the layer profile), predicted and measured side by side: the pick against
 //    the fastest measured.
+// 5. Shared host link (--links): two devices on one link (offload.copy_links 0,0) against a link each,
+//    every schedule with weights streamed: the simulator's prediction against the measured step.
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,6 +215,35 @@ int backward_part(const project_config& base, const llama_config& mc, const llam
   return 0;
 }
 
+// 5. Copies through one shared host link (--links): two devices on offload.copy_links 0,0 against a
+// link each, every schedule with weights streamed and checkpoints offloaded, predicted from the layer
+// profile (the simulator divides a shared link among the copies in flight) and measured side by side.
+int links_part(const project_config& base, const llama_config& mc, const llama_weights& w, const compute_rates& by_layer, int steps) {
+  std::vector<std::unique_ptr<rig>> rigs;
+  for (const auto& name : schedule_names())
+    for (const char* links : {"0,0", ""}) {
+      project_config c = base;
+      c.parallel.schedule = name;
+      c.offload.stream_weights = true;
+      c.offload.copy_links = links;
+      auto p = project_program(c, mc, by_layer);
+      if (!p) continue;
+      rigs.push_back(std::make_unique<rig>(fmt::format("{} {}", name, *links ? "one link" : "a link each"), c, std::move(*p), w, by_layer));
+    }
+  step_all(rigs, steps);
+  fmt::print("\n5. cpu:2, weights streamed, copies {} GB/s: one shared host link (offload.copy_links 0,0) against a link each\n",
+             base.offload.copy_gbps);
+  double worst = 0;
+  for (const auto& r : rigs) {
+    const double m = median(r->times), err = r->layer_predicted_s / m - 1;
+    if (!r->cfg.offload.copy_links.empty()) worst = std::max(worst, std::abs(err));
+    fmt::print("  {:<28} layers {:<10} measured {:.3f} s/step, predicted {:.3f} s from the layer profile ({:+.1f}%)\n", r->label,
+               sizes_of(r->prog), m, r->layer_predicted_s, 100 * err);
+  }
+  fmt::print("  worst error on the shared link: {:.1f}%\n", 100 * worst);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,7 +251,7 @@ int main(int argc, char** argv) {
   int steps = 7, layers = 8;
   int64_t dim = 256, seq = 128, batch = 8;
   double gbps = 1.0;
-  bool skip_grid = false, cross = false, cross_even = false, backward = false;
+  bool skip_grid = false, cross = false, cross_even = false, backward = false, links = false;
   std::string backward_devices = "cpu:2";
   double cross_gbps = 0.1;
   app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
@@ -235,6 +266,7 @@ int main(int argc, char** argv) {
   app.add_flag("--cross-even", cross_even, "Cross-mapping part with the even partition in both orders");
   app.add_flag("--backward", backward, "Only the round-robin backward partition part");
   app.add_option("--backward-devices", backward_devices, "Devices of the backward partition part");
+  app.add_flag("--links", links, "Only the shared-link part (2 devices on one host link against a link each)");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   const llama_config mc = synthetic_llama_config(dim, dim * 8 / 3 / 64 * 64, layers, 4096);
@@ -261,6 +293,7 @@ int main(int argc, char** argv) {
 
   if (cross) return cross_mapping_part(base, mc, w, by_layer, steps, cross_gbps, cross_even);
   if (backward) return backward_part(base, mc, w, by_layer, steps, backward_devices);
+  if (links) return links_part(base, mc, w, by_layer, steps);
 
   // 1. A device at half speed: even against balanced.
   {
