@@ -137,7 +137,10 @@ std::string compute_rates::describe() const {
   return fmt::format("the layer profile ({} x {} tokens per micro-batch, scaled by FLOPs to other shapes)", measured->rows, measured->seq_len);
 }
 
-int host_core_count() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int host_core_count() {  // read once: the planner costs thousands of programs, and each read is a file read in glibc
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return cores;
+}
 
 void share_host_cores(sim_costs& c, const program& p, const project_config& cfg, int cores) {
   c.host_compute_slots = 0;
