@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -260,13 +261,15 @@ memory_plan checked_memory_plan(const program& p, const llama_config& c, const p
 
 namespace {
 
-schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
+// The candidate, and the partition choose_partition gave it (`part`).
+schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates, partition_choice& chosen) {
   schedule_candidate c{cfg.parallel.schedule, static_cast<int32_t>(cfg.parallel.micro_batches)};
   auto part = choose_partition(cfg, mc, rates);
   if (!part) {
     c.note = part.message();
     return c;
   }
+  chosen = *part;
   c.partition = partition_text(part->sizes);
   c.partition_how = part->how;
   c.backward_partition = backward_partition_text(*part);
@@ -310,20 +313,24 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
     return out;
   }
   const auto& names = schedule_names();
+  std::vector<schedule_candidate> weighed;
+  std::vector<partition_choice> parts;  // per candidate weighed
   for (const auto& name : names)
     for (int64_t m : {n_dev, 2 * n_dev}) {
       if (cfg.run.batch_size % m != 0) continue;
       project_config c = cfg;
       c.parallel.schedule = name;
       c.parallel.micro_batches = m;
-      out.candidates.push_back(weigh(c, mc, rates));
+      weighed.push_back(weigh(c, mc, rates, parts.emplace_back()));
     }
   const auto rank = [&](const schedule_candidate& c) {
     const auto order = std::find(names.begin(), names.end(), c.schedule) - names.begin();
     return std::make_tuple(!c.ok, c.ok ? c.step_s : 0.0, c.micro_batches, order);
   };
-  std::stable_sort(out.candidates.begin(), out.candidates.end(),
-                   [&](const schedule_candidate& a, const schedule_candidate& b) { return rank(a) < rank(b); });
+  std::vector<size_t> by_rank(weighed.size());
+  std::iota(by_rank.begin(), by_rank.end(), size_t{0});
+  std::stable_sort(by_rank.begin(), by_rank.end(), [&](size_t a, size_t b) { return rank(weighed[a]) < rank(weighed[b]); });
+  for (size_t i : by_rank) out.candidates.push_back(std::move(weighed[i]));
   if (out.candidates.empty() || !out.candidates.front().ok) {
     std::string why;
     for (const auto& c : out.candidates) why += fmt::format("\n  {} with {} micro-batches: {}", c.schedule, c.micro_batches, c.note);
@@ -333,22 +340,29 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
   }
   out.schedule = out.candidates.front().schedule;
   out.micro_batches = out.candidates.front().micro_batches;
+  out.partition = std::move(parts[by_rank.front()]);
   return out;
 }
 
 result<project_config> resolve_auto_schedule(const project_config& cfg_in, const llama_config& mc, const compute_rates& rates) {
   LP_TRY_ASSIGN(cfg, resolve_auto_offload(cfg_in, mc, rates));
   project_config out = cfg;
+  std::optional<partition_choice> chosen;  // weighed with the schedule chosen
   if (cfg.parallel.schedule == "auto") {
     LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
     out.parallel.schedule = choice.schedule;
     if (choice.schedule != "single") out.parallel.micro_batches = choice.micro_batches;
+    chosen = std::move(choice.partition);
   }
   // The layers per stage are recorded too: a resume (or another version of the planner) trains the
   // same partition.
   const bool rr_auto = out.parallel.schedule == "round-robin" && out.parallel.backward_partition == "auto";
   if (out.parallel.schedule != "single" && (out.parallel.partition == "auto" || rr_auto)) {
-    LP_TRY_ASSIGN(part, choose_partition(out, mc, rates));
+    if (!chosen) {
+      LP_TRY_ASSIGN(part, choose_partition(out, mc, rates));
+      chosen = std::move(part);
+    }
+    const partition_choice& part = *chosen;
     // Backward counts need the forward ones (validate_project): "even" is written out then.
     if (out.parallel.partition == "auto" || (rr_auto && !part.backward_sizes.empty())) out.parallel.partition = partition_text(part.sizes);
     if (rr_auto) out.parallel.backward_partition = backward_partition_text(part);
@@ -396,7 +410,8 @@ std::vector<std::string> offload_changes(const project_config& a, const project_
 double resolved_step(const project_config& c, const llama_config& mc, const compute_rates& rates) {
   auto r = resolve_auto_schedule(c, mc, rates);
   if (!r) return std::numeric_limits<double>::infinity();
-  const schedule_candidate w = weigh(*r, mc, rates);
+  partition_choice given;  // the resolved partition, as given
+  const schedule_candidate w = weigh(*r, mc, rates, given);
   return w.ok ? w.step_s : std::numeric_limits<double>::infinity();
 }
 

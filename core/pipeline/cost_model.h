@@ -107,6 +107,17 @@ sim_costs estimate_costs(const program& p, const llama_config& c, const project_
 void share_host_cores(sim_costs& c, const program& p, const project_config& cfg, int cores);
 int host_core_count();  // std::thread::hardware_concurrency(), at least 1
 
+// Layers per stage as choose_partition (partition_search.h) chose them.
+struct partition_choice {
+  std::vector<int32_t> sizes;   // layers per stage (make_schedule's stage_layers; round-robin: forward stages)
+  std::string how;              // "even", "balanced" or "given"
+  // Round-robin: layers per backward stage (make_schedule's backward_layers; empty = one layer each)
+  // and how they were chosen: "per-layer", "balanced" or "given" (empty for bound schedules).
+  std::vector<int32_t> backward_sizes;
+  std::string backward_how;
+  double step_s = 0;            // simulated step with these sizes (0 when it does not fit or cannot run)
+  double even_step_s = 0;       // simulated step with the even partition (round-robin: and one layer per backward stage; 0 when it does not fit or cannot run)
+};
 // parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
 // every pipeline schedule (schedule_names()) with each micro-batch count in {devices, 2 x devices}
 // that divides run.batch_size, generated, checked and simulated with estimate_costs at `gflops`; a
@@ -128,6 +139,7 @@ struct schedule_choice {
   std::string schedule;             // "single" on one device
   int32_t micro_batches = 1;
   std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others
+  partition_choice partition;       // the chosen candidate's (choose_partition with its schedule and micro-batches)
 };
 result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The project with offload.auto resolved (resolve_auto_offload), schedule "auto" replaced by

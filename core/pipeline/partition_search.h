@@ -30,16 +30,7 @@ namespace lorapipe {
 std::vector<int32_t> min_max_partition(const std::vector<double>& layer_s, double embed_s, double head_s,
                                        const std::vector<double>& stage_speed, const std::vector<double>& last_layer_s = {});
 
-struct partition_choice {
-  std::vector<int32_t> sizes;   // layers per stage (make_schedule's stage_layers; round-robin: forward stages)
-  std::string how;              // "even", "balanced" or "given"
-  // Round-robin: layers per backward stage (make_schedule's backward_layers; empty = one layer each)
-  // and how they were chosen: "per-layer", "balanced" or "given" (empty for bound schedules).
-  std::vector<int32_t> backward_sizes;
-  std::string backward_how;
-  double step_s = 0;            // simulated step with these sizes (0 when it does not fit or cannot run)
-  double even_step_s = 0;       // simulated step with the even partition (round-robin: and one layer per backward stage; 0 when it does not fit or cannot run)
-};
+// partition_choice (cost_model.h): what choose_partition returns.
 // parallel.partition for the project's (resolved, pipelined) schedule: given sizes, the even
 // partition, or for auto the balanced one when the simulator predicts it at least 2% faster than
 // even (else even: the partition every schedule was tested with). Round-robin: parallel.partition
