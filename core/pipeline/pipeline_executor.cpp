@@ -9,6 +9,23 @@
 
 namespace lorapipe {
 
+weight_selection rank_weight_selection(const program& p, int64_t num_layers, const std::vector<int>& rank_of, int rank) {
+  weight_selection sel;
+  sel.layers.assign(static_cast<size_t>(num_layers), false);
+  sel.embed = sel.head = false;
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    if (rank_of.at(d) != rank) continue;
+    for (const auto& in : p.devices[d]) {
+      if (in.kind != op::forward && in.kind != op::backward && in.kind != op::recompute && in.kind != op::prefetch_weights) continue;
+      const stage_def& st = p.stages.at(static_cast<size_t>(in.stage));
+      for (int32_t l = st.first_layer; l < st.last_layer; ++l) sel.layers[static_cast<size_t>(l)] = true;
+      sel.embed = sel.embed || st.has_embed;
+      sel.head = sel.head || st.has_head;
+    }
+  }
+  return sel;
+}
+
 pipeline_executor::pipeline_executor(const llama_weights& w, lora_adapters& lora, program prog,
                                      std::vector<compute_device*> devices, adamw_config opt, pipeline_options po)
     : prog_(std::move(prog)) {

@@ -70,6 +70,10 @@ struct process_pipeline {
   std::vector<int> rank_of;        // per device position
 };
 
+// The frozen tensors `rank` computes with: the layers (and embedding, head) of every stage that one
+// of its device positions (rank_of, per position) runs, streams or recomputes (load_options::select).
+weight_selection rank_weight_selection(const program& p, int64_t num_layers, const std::vector<int>& rank_of, int rank);
+
 struct pipeline_options {
   // Recompute granularity: false = a stage at a time (RECOMPUTE rebuilds the whole stage's graph);
   // true = a layer at a time (every layer input is checkpointed/offloaded; BACKWARD recomputes and

@@ -74,21 +74,7 @@ result<cpu_device_options> device_options_of(const project_config& cfg) {
 result<weight_selection> rank_weight_selection(const project_config& cfg_in, const llama_config& mc, int rank, int world) {
   LP_TRY_ASSIGN(cfg, resolve_auto_schedule(cfg_in, mc, auto_schedule_gflops));
   LP_TRY_ASSIGN(prog, project_program(cfg, mc, auto_schedule_gflops));
-  const auto rank_of = rank_of_positions(static_cast<int64_t>(prog.devices.size()), world);
-  weight_selection sel;
-  sel.layers.assign(static_cast<size_t>(mc.num_layers), false);
-  sel.embed = sel.head = false;
-  for (size_t d = 0; d < prog.devices.size(); ++d) {
-    if (rank_of[d] != rank) continue;
-    for (const auto& in : prog.devices[d]) {
-      if (in.kind != op::forward && in.kind != op::backward && in.kind != op::recompute && in.kind != op::prefetch_weights) continue;
-      const stage_def& st = prog.stages.at(static_cast<size_t>(in.stage));
-      for (int32_t l = st.first_layer; l < st.last_layer; ++l) sel.layers[static_cast<size_t>(l)] = true;
-      sel.embed = sel.embed || st.has_embed;
-      sel.head = sel.head || st.has_head;
-    }
-  }
-  return sel;
+  return rank_weight_selection(prog, mc.num_layers, rank_of_positions(static_cast<int64_t>(prog.devices.size()), world), rank);
 }
 
 std::string describe_weight_selection(const weight_selection& sel) {

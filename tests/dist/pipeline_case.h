@@ -1,7 +1,8 @@
 // One pipeline training case shared by the multi-process test (rank 0, and the one-process
 // reference) and its peer processes (lorapipe_dist_pipeline_peer): stories260K, fixed data and LoRA
 // initialisation, `steps` AdamW steps of a schedule on cpu:D, device positions split over ranks in
-// contiguous blocks. Returns the losses and the LoRA parameters of the stages this rank ran.
+// contiguous blocks (rank_of_positions). Returns the losses and the LoRA parameters of the stages
+// this rank ran.
 #pragma once
 
 #include <torch/torch.h>
@@ -26,9 +27,6 @@ struct outcome {
   std::vector<int32_t> layers;   // the layers whose parameters this rank trained
 };
 
-// The rank that runs device position d of D over W ranks (contiguous blocks).
-inline int rank_of_device(int d, int devices, int world) { return d * world / devices; }
-
 // `die_before_step` >= 0: this process SIGKILLs itself when that step begins (a rank lost mid-run).
 // Over several processes each rank reads only the frozen tensors of the stages its devices compute
 // (the others are meta tensors: any use of them would throw) and creates only its own devices.
@@ -40,22 +38,13 @@ inline result<outcome> run(const std::string& data_dir, const std::string& sched
   so.devices = devices;
   so.micro_batches = 4;
   LP_TRY_ASSIGN(prog, make_schedule(schedule, 5, so));
+  // Device positions in contiguous blocks per rank, as the trainer places them.
+  const std::vector<int> rank_of = rank_of_positions(devices, world);
   std::vector<bool> here;
-  for (int d = 0; d < devices; ++d) here.push_back(rank_of_device(d, devices, world) == rank);
+  for (int d = 0; d < devices; ++d) here.push_back(rank_of[static_cast<size_t>(d)] == rank);
   load_options lo{at::kFloat};
   if (group != nullptr)
-    lo.select = [&](const llama_config& mc) -> result<weight_selection> {
-      weight_selection sel{std::vector<bool>(static_cast<size_t>(mc.num_layers), false), false, false};
-      for (int d = 0; d < devices; ++d)
-        for (const auto& in : prog.devices[static_cast<size_t>(d)])
-          if (here[static_cast<size_t>(d)] && (in.kind == op::forward || in.kind == op::backward || in.kind == op::recompute)) {
-            const auto& st = prog.stages[static_cast<size_t>(in.stage)];
-            for (int32_t l = st.first_layer; l < st.last_layer; ++l) sel.layers[static_cast<size_t>(l)] = true;
-            sel.embed = sel.embed || st.has_embed;
-            sel.head = sel.head || st.has_head;
-          }
-      return sel;
-    };
+    lo.select = [&](const llama_config& mc) -> result<weight_selection> { return rank_weight_selection(prog, mc.num_layers, rank_of, rank); };
   const auto w = load_llama(data_dir + "/models/stories260K/hf", lo);
   if (!w.ok()) return w.err();
   torch::manual_seed(3);
@@ -78,7 +67,7 @@ inline result<outcome> run(const std::string& data_dir, const std::string& sched
   std::vector<compute_device*> devs;
   outcome out;
   for (int d = 0; d < devices; ++d) {
-    const int r = rank_of_device(d, devices, world);
+    const int r = rank_of[static_cast<size_t>(d)];
     po.processes.rank_of.push_back(r);
     devs.push_back(owned[static_cast<size_t>(d)].get());
     if ((devs.back() != nullptr) != (r == rank)) return make_error("make_devices created device {} {}", d, r == rank ? "not" : "elsewhere");
