@@ -60,6 +60,33 @@ TEST(Safetensors, RoundTripAndMetadata) {
   EXPECT_EQ(f->find("nope"), nullptr);
 }
 
+TEST(Safetensors, StreamedWriteAsksForOneTensorAtATimeAndLeavesNothingOnError) {
+  auto d = temp_dir("st_stream");
+  std::vector<float> a{1, 2, 3, 4, 5, 6};
+  std::vector<uint16_t> b{7, 8};
+  const std::vector<st_tensor_to_write> like{{"a", st_dtype::f32, {2, 3}, nullptr}, {"b", st_dtype::bf16, {2}, nullptr}};
+  std::vector<size_t> asked;
+  ASSERT_TRUE(write_safetensors_streamed(d / "s.safetensors", like, {{"format", "pt"}}, [&](size_t i) -> result<const void*> {
+                asked.push_back(i);
+                return i == 0 ? static_cast<const void*>(a.data()) : static_cast<const void*>(b.data());
+              }).ok());
+  EXPECT_EQ(asked, (std::vector<size_t>{0, 1}));
+  ASSERT_TRUE(write_safetensors(d / "w.safetensors", {{"a", st_dtype::f32, {2, 3}, a.data()}, {"b", st_dtype::bf16, {2}, b.data()}},
+                                {{"format", "pt"}}).ok());
+  EXPECT_EQ(read_text_file(d / "s.safetensors").value(), read_text_file(d / "w.safetensors").value());
+  // The second tensor cannot be made: an error, the file as it was, no temporary left.
+  auto failed = write_safetensors_streamed(d / "s.safetensors", like, {}, [&](size_t i) -> result<const void*> {
+    if (i == 1) return make_error("tensor b is gone");
+    return static_cast<const void*>(a.data());
+  });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.message(), "tensor b is gone");
+  EXPECT_EQ(read_text_file(d / "s.safetensors").value(), read_text_file(d / "w.safetensors").value());
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(d)) ++files;
+  EXPECT_EQ(files, 2u);
+}
+
 TEST(Safetensors, ReadsRealCheckpoint) {
   auto f = safetensors_file::open(test_data_dir() / "models/stories260K/hf/model.safetensors");
   ASSERT_TRUE(f.ok()) << f.message();

@@ -208,6 +208,25 @@ TEST(Lora, ZeroInitIsIdentityAndPeftRoundTrip) {
   EXPECT_TRUE(fs::exists(d / "merged/tokenizer.model"));
   auto wm = load(d / "merged");
   EXPECT_LE(maxdiff(forward(wm, nullptr, tokens), forward(w, &a, tokens)), 1e-4);
+  // From weights a pipeline rank loaded (layers 1 and 3, no embedding: the rest meta tensors), the
+  // export reads the others from the model a layer at a time: the very same file.
+  load_options part{at::kFloat};
+  part.select = [](const llama_config& mc) -> result<weight_selection> {
+    weight_selection sel{std::vector<bool>(static_cast<size_t>(mc.num_layers), false), false, false};
+    sel.layers[1] = sel.layers[3] = true;
+    return sel;
+  };
+  auto wp = load_llama(stories() / "hf", part);
+  ASSERT_TRUE(wp.ok()) << wp.message();
+  ASSERT_FALSE(weights_complete(*wp));
+  ASSERT_TRUE(export_merged(*wp, a, d / "merged-part", stories() / "hf").ok());
+  EXPECT_EQ(read_text_file(d / "merged-part/model.safetensors").value(), read_text_file(d / "merged/model.safetensors").value());
+  // A source that cannot be read any more fails the export with the reason and leaves no file.
+  wp->source = (d / "gone").string();
+  auto gone = export_merged(*wp, a, d / "merged-gone", stories() / "hf");
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.message().find("did not load"), std::string::npos) << gone.message();
+  EXPECT_TRUE(fs::is_empty(d / "merged-gone"));  // not even the temporary
   // An adapter for a different model is rejected with a reason.
   auto other = load(d / "merged");
   other.layers.pop_back();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace lorapipe {
@@ -51,44 +52,77 @@ mapped_file::~mapped_file() {
   if (data_ != nullptr && size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
-status write_file_atomic(const fs::path& path, const std::string& bytes) {
+result<atomic_file_writer> atomic_file_writer::open(const fs::path& path) {
   fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::string tmpl = (dir / ("." + path.filename().string() + ".tmpXXXXXX")).string();
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
   int fd = ::mkstemp(name.data());
   if (fd < 0) return make_error("{}: cannot create a temporary file in {}: {}", path.string(), dir.string(), errno_text());
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t w = ::write(fd, p, left);
+  return atomic_file_writer(path, std::string(name.data()), fd);
+}
+
+atomic_file_writer::atomic_file_writer(atomic_file_writer&& o) noexcept
+    : path_(std::move(o.path_)), temp_(std::move(o.temp_)), fd_(std::exchange(o.fd_, -1)) {}
+
+atomic_file_writer::~atomic_file_writer() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temp_.c_str());
+  }
+}
+
+status atomic_file_writer::fail(const char* what) {
+  auto e = errno_text();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temp_.c_str());
+  return make_error("{}: {} failed: {}", path_.string(), what, e);
+}
+
+status atomic_file_writer::write(const void* data, size_t n) {
+  if (fd_ < 0) return make_error("{}: write after the file was closed", path_.string());
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd_, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      auto e = errno_text();
-      ::close(fd);
-      ::unlink(name.data());
-      return make_error("{}: write failed: {}", path.string(), e);
+      return fail("write");
     }
     p += w;
-    left -= static_cast<size_t>(w);
+    n -= static_cast<size_t>(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  return ok_status();
+}
+
+status atomic_file_writer::commit() {
+  if (fd_ < 0) return make_error("{}: commit after the file was closed", path_.string());
+  if (::fsync(fd_) != 0) return fail("fsync");
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
     auto e = errno_text();
-    ::unlink(name.data());
-    return make_error("{}: fsync/close failed: {}", path.string(), e);
+    ::unlink(temp_.c_str());
+    return make_error("{}: close failed: {}", path_.string(), e);
   }
-  ::chmod(name.data(), 0644);
-  if (::rename(name.data(), path.c_str()) != 0) {
+  ::chmod(temp_.c_str(), 0644);
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
     auto e = errno_text();
-    ::unlink(name.data());
-    return make_error("{}: rename failed: {}", path.string(), e);
+    ::unlink(temp_.c_str());
+    return make_error("{}: rename failed: {}", path_.string(), e);
   }
+  const fs::path dir = path_.parent_path().empty() ? fs::path(".") : path_.parent_path();
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
   return ok_status();
+}
+
+status write_file_atomic(const fs::path& path, const std::string& bytes) {
+  LP_TRY_ASSIGN(f, atomic_file_writer::open(path));
+  LP_TRY(f.write(bytes.data(), bytes.size()));
+  return f.commit();
 }
 
 result<std::string> read_text_file(const fs::path& path) {

@@ -154,8 +154,9 @@ const st_tensor_info* safetensors_file::find(const std::string& name) const {
 }
 
 
-status write_safetensors(const fs::path& path, const std::vector<st_tensor_to_write>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+status write_safetensors_streamed(const fs::path& path, const std::vector<st_tensor_to_write>& tensors,
+                                  const std::map<std::string, std::string>& metadata,
+                                  const std::function<result<const void*>(size_t)>& bytes_of) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -170,14 +171,22 @@ status write_safetensors(const fs::path& path, const std::vector<st_tensor_to_wr
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the buffer to 8 bytes
-  std::string out;
-  out.reserve(8 + h.size() + offset);
+  std::string head;
   uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += h;
-  for (size_t i = 0; i < tensors.size(); ++i) out.append(static_cast<const char*>(tensors[i].data), sizes[i]);
-  return write_file_atomic(path, out);
+  for (int i = 0; i < 8; ++i) head.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  head += h;
+  LP_TRY_ASSIGN(file, atomic_file_writer::open(path));
+  LP_TRY(file.write(head.data(), head.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LP_TRY_ASSIGN(bytes, bytes_of(i));
+    LP_TRY(file.write(bytes, sizes[i]));
+  }
+  return file.commit();
 }
 
+status write_safetensors(const fs::path& path, const std::vector<st_tensor_to_write>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  return write_safetensors_streamed(path, tensors, metadata, [&](size_t i) -> result<const void*> { return tensors[i].data; });
+}
 
 }  // namespace lorapipe

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +68,14 @@ struct st_tensor_to_write {
 // Writes atomically: temp file in the same folder, fsync, rename.
 status write_safetensors(const std::filesystem::path& path, const std::vector<st_tensor_to_write>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
+
+// The same, one tensor at a time: only `tensors`' names, dtypes and shapes are read (data may be
+// null); bytes_of(i) gives tensor i's bytes (valid until the next call), in order, each written
+// before the next is asked for, so no more than one tensor need exist at once. An error from
+// bytes_of stops the write and leaves no file.
+status write_safetensors_streamed(const std::filesystem::path& path, const std::vector<st_tensor_to_write>& tensors,
+                                  const std::map<std::string, std::string>& metadata,
+                                  const std::function<result<const void*>(size_t)>& bytes_of);
 
 
 }  // namespace lorapipe

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <set>
 
@@ -179,6 +181,46 @@ result<lora_adapters> load_peft_adapter(const fs::path& dir, const llama_weights
   return a;
 }
 
+namespace {
+
+// The frozen tensors of `w`, those this process did not read (meta: a pipeline rank's selection)
+// read from w.source one layer (or the embedding, or the head) at a time, the last part kept.
+class frozen_tensors {
+ public:
+  explicit frozen_tensors(const llama_weights& w) : w_(w) {}
+  result<at::Tensor> embed() { return pick(w_.embed, [](const llama_weights& p) { return p.embed; }, -1, true, false); }
+  result<at::Tensor> lm_head() { return pick(w_.lm_head, [](const llama_weights& p) { return p.lm_head; }, -2, false, true); }
+  result<at::Tensor> layer(size_t l, layer_slot slot) {
+    return pick(w_.layers[l][slot], [=](const llama_weights& p) { return p.layers[l][slot]; }, static_cast<int64_t>(l), false, false);
+  }
+
+ private:
+  // `part`: the layer, or -1 for the embedding, -2 for the head.
+  template <class Get>
+  result<at::Tensor> pick(const at::Tensor& have, Get get, int64_t part, bool embed, bool head) {
+    if (!have.defined() || !have.is_meta()) return have;
+    if (part_ != part || !read_) {
+      read_.reset();  // the previous part first: at most one part in memory
+      load_options lo{w_.dtype};
+      lo.select = [&](const llama_config& mc) -> result<weight_selection> {
+        weight_selection sel{std::vector<bool>(static_cast<size_t>(mc.num_layers), false), embed, head};
+        if (part >= 0) sel.layers.at(static_cast<size_t>(part)) = true;
+        return sel;
+      };
+      auto r = load_llama(w_.source, lo);
+      if (!r) return make_error("merged export: reading the weights this process did not load from {}: {}", w_.source, r.message());
+      read_ = std::move(r).value();
+      part_ = part;
+    }
+    return get(*read_);
+  }
+  const llama_weights& w_;
+  std::optional<llama_weights> read_;
+  int64_t part_ = -3;
+};
+
+}  // namespace
+
 status export_merged(const llama_weights& w, const lora_adapters& a, const fs::path& dir,
                      const fs::path& tokenizer_source) {
   std::error_code ec;
@@ -186,24 +228,31 @@ status export_merged(const llama_weights& w, const lora_adapters& a, const fs::p
   if (ec) return make_error("{}: cannot create folder: {}", dir.string(), ec.message());
   torch::NoGradGuard no_grad;
   const double scale = a.cfg.scale();
-  std::vector<std::pair<std::string, at::Tensor>> t;
-  t.emplace_back("model.embed_tokens.weight", w.embed);
+  // What is written, in order: (name, a tensor of its shape and dtype, how to make it).
+  std::vector<std::pair<std::string, at::Tensor>> like;
+  std::vector<std::function<result<at::Tensor>()>> make;
+  frozen_tensors frozen(w);
+  like.emplace_back("model.embed_tokens.weight", w.embed);
+  make.emplace_back([&] { return frozen.embed(); });
   const auto specs = layer_tensor_specs(w.cfg);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const auto& lw = w.layers[l];
+  for (size_t l = 0; l < w.layers.size(); ++l)
     for (const auto& spec : specs) {
-      at::Tensor W = lw[spec.slot];
-      const int s = static_cast<int>(spec.slot) - static_cast<int>(layer_slot::q);
-      if (s >= 0 && s < num_lora_targets && l < a.layers.size() && a.layers[l][s].a.defined()) {
+      like.emplace_back(fmt::format("model.layers.{}.{}", l, spec.name), w.layers[l][spec.slot]);
+      make.emplace_back([&, l, slot = spec.slot]() -> result<at::Tensor> {
+        LP_TRY_ASSIGN(W, frozen.layer(l, slot));
+        const int s = static_cast<int>(slot) - static_cast<int>(layer_slot::q);
+        if (s < 0 || s >= num_lora_targets || l >= a.layers.size() || !a.layers[l][s].a.defined()) return W;
         auto delta = torch::matmul(a.layers[l][s].b, a.layers[l][s].a) * scale;  // f32 [out,in]
-        W = (W.to(torch::kFloat) + delta).to(W.scalar_type());
-      }
-      t.emplace_back(fmt::format("model.layers.{}.{}", l, spec.name), W);
+        return (W.to(torch::kFloat) + delta).to(W.scalar_type());
+      });
     }
+  like.emplace_back("model.norm.weight", w.final_norm);
+  make.emplace_back([&]() -> result<at::Tensor> { return w.final_norm; });
+  if (!w.cfg.tie_word_embeddings) {
+    like.emplace_back("lm_head.weight", w.lm_head);
+    make.emplace_back([&] { return frozen.lm_head(); });
   }
-  t.emplace_back("model.norm.weight", w.final_norm);
-  if (!w.cfg.tie_word_embeddings) t.emplace_back("lm_head.weight", w.lm_head);
-  LP_TRY(write_tensors(dir / "model.safetensors", t, {{"format", "pt"}}));
+  LP_TRY(write_tensors_streamed(dir / "model.safetensors", like, {{"format", "pt"}}, [&](size_t i) { return make[i](); }));
   auto cfg = w.cfg;
   cfg.torch_dtype = dtype_hf_name(w.dtype);
   LP_TRY(write_file_atomic(dir / "config.json", llama_config_to_hf_json(cfg).dump(2) + "\n"));

@@ -56,7 +56,9 @@ lora_adapters init_lora(const llama_weights& w, const lora_config& cfg, uint64_t
 status save_peft_adapter(const lora_adapters& a, const std::filesystem::path& dir);
 result<lora_adapters> load_peft_adapter(const std::filesystem::path& dir, const llama_weights& w);
 
-// W + scale·B·A for every adapted projection, written as an HF folder in the base's dtype.
+// W + scale·B·A for every adapted projection, written as an HF folder in the base's dtype, one tensor
+// at a time (memory for one layer, not a second model). Tensors `w` holds as meta (a pipeline rank
+// read only its stages') are read from w.source a layer at a time.
 status export_merged(const llama_weights& w, const lora_adapters& a, const std::filesystem::path& dir,
                      const std::filesystem::path& tokenizer_source);
 

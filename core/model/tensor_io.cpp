@@ -60,17 +60,28 @@ result<at::Tensor> read_tensor(const safetensors_file& f, const st_tensor_info& 
   return view.to(to);
 }
 
+status write_tensors_streamed(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& like,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::function<result<at::Tensor>(size_t)>& tensor_of) {
+  std::vector<st_tensor_to_write> out;
+  for (const auto& [name, t] : like) {
+    LP_TRY_ASSIGN(dt, st_dtype_of(t.scalar_type()));
+    out.push_back({name, dt, t.sizes().vec(), nullptr});
+  }
+  at::Tensor held;  // the tensor being written
+  return write_safetensors_streamed(path, out, metadata, [&](size_t i) -> result<const void*> {
+    LP_TRY_ASSIGN(t, tensor_of(i));
+    if (t.scalar_type() != like[i].second.scalar_type() || t.sizes() != like[i].second.sizes())
+      return make_error("{}: {} is {} {}, the header says {} {}", path.string(), like[i].first, c10::toString(t.scalar_type()),
+                        fmt::join(t.sizes(), "x"), c10::toString(like[i].second.scalar_type()), fmt::join(like[i].second.sizes(), "x"));
+    held = t.detach().to(at::kCPU).contiguous();
+    return static_cast<const void*>(held.data_ptr());
+  });
+}
+
 status write_tensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                      const std::map<std::string, std::string>& metadata) {
-  std::vector<at::Tensor> keep;
-  std::vector<st_tensor_to_write> out;
-  keep.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) {
-    LP_TRY_ASSIGN(dt, st_dtype_of(t.scalar_type()));
-    keep.push_back(t.detach().to(torch::kCPU).contiguous());
-    out.push_back({name, dt, keep.back().sizes().vec(), keep.back().data_ptr()});
-  }
-  return write_safetensors(path, out, metadata);
+  return write_tensors_streamed(path, tensors, metadata, [&](size_t i) -> result<at::Tensor> { return tensors[i].second; });
 }
 
 }  // namespace lorapipe

@@ -1,8 +1,10 @@
 // Bridges safetensors files and LibTorch tensors: read a stored tensor into a torch tensor (copied out
-// of the mmap), and write a list of named torch tensors as a safetensors file.
+// of the mmap), and write a list of named torch tensors as a safetensors file (whole, or made one at
+// a time).
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -25,5 +27,10 @@ result<at::Tensor> read_tensor(const safetensors_file& f, const st_tensor_info& 
 
 status write_tensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                      const std::map<std::string, std::string>& metadata = {});
+// The same, one tensor at a time (write_safetensors_streamed): `like` gives each tensor's name, dtype
+// and shape (meta tensors will do); tensor_of(i) makes tensor i, which must match them.
+status write_tensors_streamed(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& like,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::function<result<at::Tensor>(size_t)>& tensor_of);
 
 }  // namespace lorapipe

@@ -480,13 +480,9 @@ class trainer {
     LP_TRY(save_peft_adapter(lora_, out_dir_ / "adapter"));
     if (cfg_.run.save_merged) {
       obs_.on_event(phase_event{phase::exporting, 0, 0, step_, (out_dir_ / "merged").string()});
-      if (weights_complete(in_->weights)) {
-        LP_TRY(export_merged(in_->weights, lora_, out_dir_ / "merged", in_->tok_path));
-      } else {  // several processes: this rank read only its stages' weights; the export needs them all
-        LP_TRY_ASSIGN(dtype, parse_dtype_name(cfg_.model.dtype));
-        LP_TRY_ASSIGN(full, load_llama(cfg_.resolve(cfg_.model.path), load_options{dtype}));
-        LP_TRY(export_merged(full, lora_, out_dir_ / "merged", in_->tok_path));
-      }
+      // Several processes: this rank read only its stages' weights; the export reads the others a
+      // layer at a time.
+      LP_TRY(export_merged(in_->weights, lora_, out_dir_ / "merged", in_->tok_path));
     }
     nlohmann::json s = {{"steps", sum_.steps},
                         {"first_val_loss", sum_.first_val_loss},
