@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <map>
 
@@ -96,6 +97,19 @@ struct rig {
     for (const auto& t : step(false).trace) profile.push_back({t.device, 0, t.in, t.start_s, t.end_s});
     const sim_costs flop = estimate_costs(prog, mc, cfg, auto_schedule_gflops);
     profiled_predicted_s = simulate(prog, with_measured_compute(prog, flop, profile)).makespan_s;
+  }
+  // Compute seconds per step summed over devices: measured (the profiling steps' compute intervals),
+  // predicted from the layer profile with the host's cores shared, and alone (no sharing).
+  std::array<double, 3> compute_per_step(const compute_rates& layers) const {
+    const auto sum = [](const std::vector<sim_interval>& v) {
+      double s = 0;
+      for (const auto& i : v) s += i.end_s - i.start_s;
+      return s;
+    };
+    sim_costs c = estimate_costs(prog, mc, cfg, layers);
+    const double shared = sum(simulate(prog, c).timeline);
+    c.host_compute_slots = 0;
+    return {sum(profile) / 2, shared, sum(simulate(prog, c).timeline)};
   }
   pipeline_step_result step(bool record = true) {
     auto r = ex->step(mbs, 1e-4, 1.0);
@@ -202,8 +216,9 @@ int backward_part(const project_config& base, const llama_config& mc, const llam
   const rig* fastest = nullptr;
   for (const auto& r : rigs) {
     const double m = median(r->times);
-    fmt::print("  {:<40} measured {:.3f} s/step, predicted {:.3f} s ({:+.1f}%)\n", r->label, m, r->layer_predicted_s,
-               100 * (r->layer_predicted_s / m - 1));
+    const auto busy = r->compute_per_step(by_layer);
+    fmt::print("  {:<40} measured {:.3f} s/step, predicted {:.3f} s ({:+.1f}%); compute {:.3f} s, predicted {:.3f} s ({:.3f} alone)\n",
+               r->label, m, r->layer_predicted_s, 100 * (r->layer_predicted_s / m - 1), busy[0], busy[1], busy[2]);
     if (!fastest || m < median(fastest->times)) fastest = r.get();
   }
   const rig& planned = *rigs.back();
