@@ -126,7 +126,13 @@ status export_adapter(const std::string& model, const std::string& adapter, cons
   return guarded([&]() -> status {
     LP_TRY_ASSIGN(dt, parse_dtype_name(format == "peft" ? std::string("float32") : dtype));
     obs.on_event(phase_event{phase::loading_model, 0, 0, 0, model});
-    LP_TRY_ASSIGN(w, load_llama(model, {dt}));
+    // Shapes and dtypes only (meta tensors): the adapter is checked against them, and export_merged
+    // reads the frozen weights a layer at a time, so the export needs memory for a layer.
+    load_options lo{dt};
+    lo.select = [](const llama_config& mc) -> result<weight_selection> {
+      return weight_selection{std::vector<bool>(static_cast<size_t>(mc.num_layers), false), false, false};
+    };
+    LP_TRY_ASSIGN(w, load_llama(model, lo));
     LP_TRY_ASSIGN(l, load_peft_adapter(adapter, w));  // checked against the model before anything is written
     obs.on_event(phase_event{phase::exporting, 0, 0, 0, output});
     if (format == "peft") return save_peft_adapter(l, output);
