@@ -57,7 +57,7 @@ result<atomic_file_writer> atomic_file_writer::open(const fs::path& path) {
   std::string tmpl = (dir / ("." + path.filename().string() + ".tmpXXXXXX")).string();
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  int fd = ::mkstemp(name.data());
+  int fd = ::mkostemp(name.data(), O_CLOEXEC);  // not inherited by a program another thread starts
   if (fd < 0) return make_error("{}: cannot create a temporary file in {}: {}", path.string(), dir.string(), errno_text());
   return atomic_file_writer(path, std::string(name.data()), fd);
 }

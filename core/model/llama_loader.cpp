@@ -381,8 +381,8 @@ result<llama_weights> load_llama2c(const fs::path& path, const load_options& opt
     layer_weights lw;
     lw[layer_slot::input_norm] = cvt(rms_att[l]);
     lw[layer_slot::post_attention_norm] = cvt(rms_ffn[l]);
-    lw[layer_slot::q] = cvt(permute(wq[l], NH));
-    lw[layer_slot::k] = cvt(permute(wk[l], NKV));
+    lw[layer_slot::q] = keep ? cvt(permute(wq[l], NH)) : cvt(wq[l]);  // not kept: the shape alone, which permuting keeps
+    lw[layer_slot::k] = keep ? cvt(permute(wk[l], NKV)) : cvt(wk[l]);
     lw[layer_slot::v] = cvt(wv[l]);
     lw[layer_slot::o] = cvt(wo[l]);
     lw[layer_slot::gate] = cvt(w1[l]);

@@ -70,6 +70,7 @@ status write_tensors_streamed(const std::filesystem::path& path, const std::vect
   }
   at::Tensor held;  // the tensor being written
   return write_safetensors_streamed(path, out, metadata, [&](size_t i) -> result<const void*> {
+    held = at::Tensor();  // written: let it go before the next is made
     LP_TRY_ASSIGN(t, tensor_of(i));
     if (t.scalar_type() != like[i].second.scalar_type() || t.sizes() != like[i].second.sizes())
       return make_error("{}: {} is {} {}, the header says {} {}", path.string(), like[i].first, c10::toString(t.scalar_type()),

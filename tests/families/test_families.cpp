@@ -213,6 +213,21 @@ TEST_P(Family, FineTunesThroughThePipelineAndResumesFromACheckpoint) {
   fs::remove_all(out);
   ASSERT_TRUE(save_peft_adapter(*trained, out / "adapter").ok());
   ASSERT_TRUE(export_merged(w, *trained, out / "merged", single.model.path).ok());
+  {  // From a pipeline rank's weights (layer 0 only; no embedding, no head): the others are read from
+     // the model as the export goes, to the very same file (untied heads included).
+    load_options sel{at::kFloat};
+    sel.select = [](const llama_config& mc) -> result<weight_selection> {
+      weight_selection s{std::vector<bool>(static_cast<size_t>(mc.num_layers), false), false, false};
+      s.layers[0] = true;
+      return s;
+    };
+    auto part_w = load_llama(single.model.path, sel);
+    ASSERT_TRUE(part_w.ok()) << part_w.message();
+    ASSERT_TRUE(export_merged(*part_w, *trained, out / "merged-part", single.model.path).ok());
+    EXPECT_EQ(read_text_file(out / "merged-part/model.safetensors").value(), read_text_file(out / "merged/model.safetensors").value())
+        << fam;
+    fs::remove_all(out / "merged-part");
+  }
   torch::NoGradGuard ng;
   auto g = read_golden(fam);
   auto logits = forward(w, &*trained, g.t.at("tokens"));  // f32 [2,T,V]
