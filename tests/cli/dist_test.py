@@ -31,6 +31,8 @@ import time
 
 from safetensors.torch import load_file
 
+from rank_kill import exit_after_kill, rank_processes, train_and_kill_rank1
+
 RESULTS = []
 STARTED = []
 
@@ -55,11 +57,6 @@ def adapter(out):
 
 def max_rel(a, b):
     return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() for k in b)
-
-
-def rank_processes(marker):
-    p = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
-    return [int(x) for x in p.stdout.split()]
 
 
 def free_port():
@@ -132,30 +129,10 @@ def killed_rank_resumes(cli, env, tmp, data, resume_processes=None):
         rc, err = run(cli, "train", proj, "--output", out_ref, "--json", env=env)
         check("kill: the uninterrupted 2-process run completes", rc == 0, err[-500:])
     log = os.path.join(tmp, f"kill-{resume_processes}.log")
-    with open(log, "w") as f:
-        p = subprocess.Popen([cli, "train", proj, "--output", out, "--json"], stderr=f, env=env)
-    STARTED.append(p)
     marker = os.path.join(out, "rank-project.json")
-    t_end, killed = time.time() + 120, None
-    while time.time() < t_end and p.poll() is None:
-        with open(log) as f:
-            if '"step":7,' in f.read():
-                pids = rank_processes(marker + " --rank 1")
-                if pids:
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed = time.time()
-                break
-        time.sleep(0.05)
+    p, killed = train_and_kill_rank1([cli, "train", proj, "--output", out, "--json"], env, log, marker, 7, STARTED)
     check("kill: rank 1 was killed after step 7", killed is not None)
-    try:
-        rc = p.wait(timeout=20 + 30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = None
-    took = time.time() - killed if killed else float("inf")
-    with open(log) as f:
-        err = f.read()
-    last = err.strip().splitlines()[-1] if err.strip() else ""
+    rc, took, last = exit_after_kill(p, killed, log, 20 + 30)
     check(f"kill: rank 0 exits with an error naming rank 1 ({took:.1f} s after the kill)",
           rc == 1 and "rank 1" in last and last.startswith("error:") and took < 20 + 30, f"rc={rc} last={last[:300]!r}")
     # ... and what rank 1 did last: the step (or checkpoint) it was in and its device's last instruction.

@@ -14,12 +14,14 @@ test starts is killed at its end. `--cpu` runs the cases on CPU virtual devices 
 import argparse
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from rank_kill import exit_after_kill, rank_processes, train_and_kill_rank1  # noqa: E402
 
 RESULTS = []
 STARTED = []
@@ -57,41 +59,17 @@ def project(tmp, data, name, devices, transport, timeout_s=60, steps=10):
     return proj
 
 
-def rank_processes(marker):
-    p = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
-    return [int(x) for x in p.stdout.split()]
-
-
 def killed_rank(cli, env, tmp, data, devices, transport):
     label = f"{devices}, transport {transport}: rank 1 killed"
     timeout_s = 20
     # Enough steps that the run is still going when the kill lands.
     proj = project(tmp, data, f"kill-{transport}", devices, transport, timeout_s=timeout_s, steps=200)
     out, log = os.path.join(tmp, f"kill-{transport}"), os.path.join(tmp, f"kill-{transport}.log")
-    with open(log, "w") as f:
-        p = subprocess.Popen([cli, "train", proj, "--output", out, "--json", "--processes", "2"], stderr=f, env=env)
-    STARTED.append(p)
     marker = os.path.join(out, "rank-project.json")
-    t_end, killed = time.time() + 240, None
-    while time.time() < t_end and p.poll() is None:
-        with open(log) as f:
-            if '"step":4,' in f.read():
-                pids = rank_processes(marker + " --rank 1")
-                if pids:
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed = time.time()
-                break
-        time.sleep(0.05)
+    p, killed = train_and_kill_rank1([cli, "train", proj, "--output", out, "--json", "--processes", "2"], env, log, marker, 4,
+                                     STARTED, within_s=240)
     check(f"{label} after step 4", killed is not None)
-    try:
-        rc = p.wait(timeout=timeout_s + 40)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = None
-    took = time.time() - killed if killed else float("inf")
-    with open(log) as f:
-        err = f.read()
-    last = err.strip().splitlines()[-1] if err.strip() else ""
+    rc, took, last = exit_after_kill(p, killed, log, timeout_s + 40)
     check(f"{label}: rank 0 exits with an error naming rank 1 ({took:.1f} s after the kill, timeout {timeout_s} s)",
           rc == 1 and "rank 1" in last and last.startswith("error:") and took < timeout_s + 40, f"rc={rc} last={last[:300]!r}")
     print(f"  {label}: {last[:300]}", flush=True)
