@@ -52,19 +52,18 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.activations = cfg.offload.activations;
     r.recompute = cfg.offload.recompute;
     r.recompute_granularity = cfg.offload.recompute_granularity;
-    bool partitioned = false;  // choose_schedule chose the partition with the schedule
     if (cfg.parallel.schedule == "auto") {
       LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
       cfg.parallel.schedule = choice.schedule;
       if (choice.schedule != "single") cfg.parallel.micro_batches = choice.micro_batches;
       r.schedule_candidates = std::move(choice.candidates);
-      r.partition = std::move(choice.partition);
-      partitioned = true;
     }
     const bool pipelined = cfg.parallel.schedule != "single";
     r.schedule = cfg.parallel.schedule;
     r.gflops = gflops;
-    if (pipelined && !partitioned) {
+    if (!r.schedule_candidates.empty()) {
+      r.partition = r.schedule_candidates.front().part;  // chosen with the schedule
+    } else if (pipelined) {
       LP_TRY_ASSIGN(part, choose_partition(cfg, mc, rates));
       r.partition = std::move(part);
     }

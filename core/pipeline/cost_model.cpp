@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -261,15 +260,14 @@ memory_plan checked_memory_plan(const program& p, const llama_config& c, const p
 
 namespace {
 
-// The candidate, and the partition choose_partition gave it (`part`).
-schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates, partition_choice& chosen) {
+schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
   schedule_candidate c{cfg.parallel.schedule, static_cast<int32_t>(cfg.parallel.micro_batches)};
   auto part = choose_partition(cfg, mc, rates);
   if (!part) {
     c.note = part.message();
     return c;
   }
-  chosen = *part;
+  c.part = *part;
   c.partition = partition_text(part->sizes);
   c.partition_how = part->how;
   c.backward_partition = backward_partition_text(*part);
@@ -313,24 +311,20 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
     return out;
   }
   const auto& names = schedule_names();
-  std::vector<schedule_candidate> weighed;
-  std::vector<partition_choice> parts;  // per candidate weighed
   for (const auto& name : names)
     for (int64_t m : {n_dev, 2 * n_dev}) {
       if (cfg.run.batch_size % m != 0) continue;
       project_config c = cfg;
       c.parallel.schedule = name;
       c.parallel.micro_batches = m;
-      weighed.push_back(weigh(c, mc, rates, parts.emplace_back()));
+      out.candidates.push_back(weigh(c, mc, rates));
     }
   const auto rank = [&](const schedule_candidate& c) {
     const auto order = std::find(names.begin(), names.end(), c.schedule) - names.begin();
     return std::make_tuple(!c.ok, c.ok ? c.step_s : 0.0, c.micro_batches, order);
   };
-  std::vector<size_t> by_rank(weighed.size());
-  std::iota(by_rank.begin(), by_rank.end(), size_t{0});
-  std::stable_sort(by_rank.begin(), by_rank.end(), [&](size_t a, size_t b) { return rank(weighed[a]) < rank(weighed[b]); });
-  for (size_t i : by_rank) out.candidates.push_back(std::move(weighed[i]));
+  std::stable_sort(out.candidates.begin(), out.candidates.end(),
+                   [&](const schedule_candidate& a, const schedule_candidate& b) { return rank(a) < rank(b); });
   if (out.candidates.empty() || !out.candidates.front().ok) {
     std::string why;
     for (const auto& c : out.candidates) why += fmt::format("\n  {} with {} micro-batches: {}", c.schedule, c.micro_batches, c.note);
@@ -340,7 +334,6 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
   }
   out.schedule = out.candidates.front().schedule;
   out.micro_batches = out.candidates.front().micro_batches;
-  out.partition = std::move(parts[by_rank.front()]);
   return out;
 }
 
@@ -352,7 +345,7 @@ result<project_config> resolve_auto_schedule(const project_config& cfg_in, const
     LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
     out.parallel.schedule = choice.schedule;
     if (choice.schedule != "single") out.parallel.micro_batches = choice.micro_batches;
-    chosen = std::move(choice.partition);
+    if (choice.schedule != "single") chosen = std::move(choice.candidates.front().part);
   }
   // The layers per stage are recorded too: a resume (or another version of the planner) trains the
   // same partition.
@@ -410,8 +403,7 @@ std::vector<std::string> offload_changes(const project_config& a, const project_
 double resolved_step(const project_config& c, const llama_config& mc, const compute_rates& rates) {
   auto r = resolve_auto_schedule(c, mc, rates);
   if (!r) return std::numeric_limits<double>::infinity();
-  partition_choice given;  // the resolved partition, as given
-  const schedule_candidate w = weigh(*r, mc, rates, given);
+  const schedule_candidate w = weigh(*r, mc, rates);
   return w.ok ? w.step_s : std::numeric_limits<double>::infinity();
 }
 

@@ -134,12 +134,12 @@ struct schedule_candidate {
   std::string partition;            // layers per stage, "3,2" (choose_partition)
   std::string partition_how;        // even, balanced or given
   std::string backward_partition;   // round-robin: per-layer or "2,2,1" (backward_partition_text)
+  partition_choice part;            // what choose_partition gave it (the three texts above are of it)
 };
 struct schedule_choice {
   std::string schedule;             // "single" on one device
   int32_t micro_batches = 1;
-  std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others
-  partition_choice partition;       // the chosen candidate's (choose_partition with its schedule and micro-batches)
+  std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others (the first is the choice)
 };
 result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The project with offload.auto resolved (resolve_auto_offload), schedule "auto" replaced by
