@@ -89,6 +89,7 @@ PlanPage::PlanPage(QWidget* parent) : QWidget(parent) {
   h->setContentsMargins(0, 0, 0, 0);
   memory_ = new BarChart(tr("Memory per device at its peak"));
   memory_->setObjectName("planMemory");
+  memory_->chart()->legend()->setAlignment(Qt::AlignRight);  // six buffer kinds: one per line, never cut off
   h->addWidget(memory_, 1);
   links_ = new TextTableModel(this);
   auto* table = new QTableView;
@@ -290,7 +291,7 @@ void PlanPage::replan() {
     const std::vector<std::pair<QString, QStringList>> groups{
         {tr("frozen weights (arena)"), {"weight arena"}},
         {tr("LoRA, RoPE tables, cuBLAS"), {"LoRA weights", "RoPE tables", "cuBLAS workspaces"}},
-        {tr("activations, gradients, inputs"), {"activations", "inputs"}},
+        {tr("activations, inputs"), {"activations", "inputs"}},
         {tr("checkpoints"), {"checkpoints"}},
         {tr("autograd graphs"), {"graphs"}},
         {tr("head working set"), {"head"}}};
@@ -307,7 +308,7 @@ void PlanPage::replan() {
       }
     }
     const double cap = cfg_.offload.device_memory_mb > 0 ? cfg_.offload.device_memory_mb : -1;
-    memory_->setBars(cats, sets, true, tr("device"), tr("MiB"), cap, tr("capacity (offload.device_memory_mb)"));
+    memory_->setBars(cats, sets, true, tr("device"), tr("MiB"), cap, tr("capacity %1 MiB").arg(cap));
     memory_->chart()->setTitle(cap > 0 ? tr("Memory per device at its peak") : tr("Memory per device at its peak (capacity not limited: offload.device_memory_mb = 0)"));
     std::vector<QStringList> link_rows;
     for (const auto& l : p.links)
