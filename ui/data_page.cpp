@@ -147,15 +147,13 @@ void DataPage::refresh() {
     counts_->setTable({tr("Quantity"), tr("Value")}, std::move(rows));
     QStringList cats;
     BarChart::BarSet set{tr("examples"), {}};
-    int64_t lower = 0;
     histogram_total_ = 0;
-    for (const auto& [upper, count] : s.histogram) {
+    for (const auto& [upper, count] : s.histogram) {  // buckets by upper bound: "≤256" stays whole where "129–256" was cut off
       histogram_total_ += count;
-      cats << QStringLiteral("%1–%2").arg(lower + 1).arg(upper);
+      cats << QStringLiteral("≤%1").arg(upper);
       set.values.push_back(static_cast<double>(count));
-      lower = upper;
     }
-    histogram_->setBars(cats, {set}, false, tr("tokens per example"), tr("examples"));
+    histogram_->setBars(cats, {set}, false, tr("tokens per example (bucket's upper bound)"), tr("examples"));
     QString html = tr("<p><span style=\"background:#c8ecd0;color:#0b5d1e;\">Highlighted</span> tokens are trained on (carry a label); "
                       "<span style=\"color:#777777;\">grey</span> ones are masked (context only).</p>");
     int n = 1;
