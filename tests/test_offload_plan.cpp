@@ -23,6 +23,7 @@
 #include "offload/memory_arena.h"
 #include "offload/pinned_registry.h"
 #include "offload/staging_pool.h"
+#include "tests/test_paths.h"
 
 using namespace lorapipe;
 
@@ -380,13 +381,19 @@ TEST(AutoSchedule, ChoosesTheFastestSimulatedPipelineThatFits) {
   double best = std::numeric_limits<double>::infinity(), lo = best, hi = 0;
   for (const auto& c : ch->candidates) {
     weighed.insert({c.schedule, c.micro_batches});
-    EXPECT_TRUE(c.micro_batches == 2 || c.micro_batches == 4) << c.micro_batches;
+    EXPECT_TRUE(c.micro_batches == 2 || c.micro_batches == 4 || c.micro_batches == 8) << c.micro_batches;
     if (!c.ok) continue;
     best = std::min(best, c.step_s);
     lo = std::min(lo, c.peak_bytes);
     hi = std::max(hi, c.peak_bytes);
   }
-  EXPECT_EQ(weighed.size(), 2 * schedule_names().size());
+  EXPECT_EQ(weighed.size(), 3 * schedule_names().size());
+  // Every divisor of the batch from the device count to 4 x devices; below it only when nothing else divides.
+  EXPECT_EQ(micro_batch_counts(8, 2), (std::vector<int64_t>{2, 4, 8}));
+  EXPECT_EQ(micro_batch_counts(8, 3), (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(micro_batch_counts(48, 4), (std::vector<int64_t>{4, 6, 8, 12, 16}));
+  EXPECT_EQ(micro_batch_counts(3, 4), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(micro_batch_counts(7, 2), (std::vector<int64_t>{7}));
   ASSERT_TRUE(ch->candidates.front().ok);
   EXPECT_EQ(ch->candidates.front().step_s, best);
   EXPECT_EQ(ch->schedule, ch->candidates.front().schedule);
@@ -436,12 +443,25 @@ TEST(AutoSchedule, ChoosesTheFastestSimulatedPipelineThatFits) {
   auto none_searched = choose_schedule(searched, mc, 100);
   ASSERT_FALSE(none_searched.ok());
   EXPECT_NE(none_searched.message().find("round-robin with 4 micro-batches: needs"), std::string::npos) << none_searched.message();
-  // A batch no micro-batch count divides.
-  project_config odd = cfg;
-  odd.run.batch_size = 3;
-  auto odd_choice = choose_schedule(odd, mc, 100);
-  ASSERT_FALSE(odd_choice.ok());
-  EXPECT_NE(odd_choice.message().find("run.batch_size 3"), std::string::npos) << odd_choice.message();
+  // Batches that neither the device count nor twice it divides still get a pipeline that trains: 3
+  // sequences on 2 devices (3 micro-batches), 1 on 2 devices (1 micro-batch), 8 on 3 devices (4).
+  for (auto [batch, devices, expect_m] : {std::tuple{3, "cpu:2", 3}, std::tuple{1, "cpu:2", 1}, std::tuple{8, "cpu:3", 4}}) {
+    project_config odd = cfg;
+    odd.run.batch_size = batch;
+    odd.parallel.devices = devices;
+    auto odd_choice = choose_schedule(odd, mc, 100);
+    ASSERT_TRUE(odd_choice.ok()) << batch << " on " << devices << ": " << odd_choice.message();
+    EXPECT_EQ(odd.run.batch_size % odd_choice->micro_batches, 0);
+    bool weighed_expected = false;
+    for (const auto& c : odd_choice->candidates) weighed_expected |= c.micro_batches == expect_m && c.ok;
+    EXPECT_TRUE(weighed_expected) << batch << " on " << devices << ": " << expect_m << " micro-batches not weighed or not feasible";
+    auto trained = resolve_auto_schedule(odd, mc, 100);
+    ASSERT_TRUE(trained.ok()) << trained.message();
+    trained->model.path = (test_data_dir() / "models/stories260K/hf").string();  // what validation asks besides the pipeline
+    trained->data.train = (test_data_dir() / "text/tinyshakespeare.txt").string();
+    const auto valid = validate_project(*trained);
+    EXPECT_TRUE(valid.ok()) << batch << " on " << devices << ": " << valid.message();
+  }
   // One device: single, nothing to weigh; explicit schedules pass through unchanged.
   project_config one = cfg;
   one.parallel.devices = "cpu";

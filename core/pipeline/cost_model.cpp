@@ -258,6 +258,13 @@ memory_plan checked_memory_plan(const program& p, const llama_config& c, const p
   return make_memory_plan(p, costs, sim, project_memory_inputs(p, c, cfg));
 }
 
+std::vector<int64_t> micro_batch_counts(int64_t batch_size, int64_t devices) {
+  std::vector<int64_t> out, fewer;  // fewer: counts below the device count, weighed only when nothing else divides
+  for (int64_t m = 1; m <= std::min(batch_size, 4 * devices); ++m)
+    if (batch_size % m == 0) (m >= devices ? out : fewer).push_back(m);
+  return out.empty() ? fewer : out;
+}
+
 namespace {
 
 schedule_candidate weigh(const project_config& cfg, const llama_config& mc, const compute_rates& rates) {
@@ -312,8 +319,7 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
   }
   const auto& names = schedule_names();
   for (const auto& name : names)
-    for (int64_t m : {n_dev, 2 * n_dev}) {
-      if (cfg.run.batch_size % m != 0) continue;
+    for (int64_t m : micro_batch_counts(cfg.run.batch_size, n_dev)) {
       project_config c = cfg;
       c.parallel.schedule = name;
       c.parallel.micro_batches = m;
@@ -328,8 +334,6 @@ result<schedule_choice> choose_schedule(const project_config& cfg, const llama_c
   if (out.candidates.empty() || !out.candidates.front().ok) {
     std::string why;
     for (const auto& c : out.candidates) why += fmt::format("\n  {} with {} micro-batches: {}", c.schedule, c.micro_batches, c.note);
-    if (out.candidates.empty())
-      why = fmt::format(" (run.batch_size {} is divisible by neither {} nor {} micro-batches)", cfg.run.batch_size, n_dev, 2 * n_dev);
     return make_error("parallel.schedule: auto found no pipeline for {} devices that fits{}", n_dev, why);
   }
   out.schedule = out.candidates.front().schedule;

@@ -119,9 +119,9 @@ struct partition_choice {
   double even_step_s = 0;       // simulated step with the even partition (round-robin: and one layer per backward stage; 0 when it does not fit or cannot run)
 };
 // parallel.schedule "auto": what the planner weighed and chose. One device: "single". Several:
-// every pipeline schedule (schedule_names()) with each micro-batch count in {devices, 2 x devices}
-// that divides run.batch_size, generated, checked and simulated with estimate_costs at `gflops`; a
-// candidate whose memory plan peaks above offload.device_memory_mb (when set) does not fit. The
+// every pipeline schedule (schedule_names()) with each micro-batch count of micro_batch_counts,
+// generated, checked and simulated with estimate_costs at `gflops`; a candidate whose memory plan
+// peaks above offload.device_memory_mb (when set) does not fit. The
 // fastest predicted step wins; ties go to fewer micro-batches (each costs a per-launch overhead the
 // FLOP model does not see), then to the order of schedule_names().
 struct schedule_candidate {
@@ -141,6 +141,10 @@ struct schedule_choice {
   int32_t micro_batches = 1;
   std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others (the first is the choice)
 };
+// The micro-batch counts auto weighs: every divisor of run.batch_size from the device count up to 4 x
+// devices (more micro-batches: a smaller bubble and smaller activations, more per-micro-batch work);
+// when none, the divisors below the device count (a batch smaller than the pipeline still trains).
+std::vector<int64_t> micro_batch_counts(int64_t batch_size, int64_t devices);
 result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The project with offload.auto resolved (resolve_auto_offload), schedule "auto" replaced by
 // choose_schedule's choice and, for a pipeline, partition "auto" by choose_partition's layer counts
