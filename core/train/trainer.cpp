@@ -52,7 +52,7 @@ class trainer {
     fs::create_directories(out_dir_, ec);
     if (ec) return make_error("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message());
     if (rank() == 0) LP_TRY(write_file_atomic(out_dir_ / "project.json", project_to_json(cfg_)));
-    auto loaded = load_project_inputs(cfg_, obs_, cancel_, opts_.preloaded, weight_selector());
+    auto loaded = load_project_inputs(data_config(), obs_, cancel_, opts_.preloaded, weight_selector());
     if (!loaded && is_cancelled(loaded.err())) return stopped_before_training();
     if (!loaded) return loaded.err();
     in_ = std::make_unique<project_inputs>(std::move(*loaded));
@@ -112,6 +112,15 @@ class trainer {
   }
   const cancel_token* inner_cancel() const { return opts_.group != nullptr ? nullptr : cancel_; }
 
+  // The project as this rank reads its data: ranks other than 0 keep a data.on_disk cache of their own
+  // (output_dir/rank-R/data-cache), since local ranks share rank 0's output folder and a cache is
+  // rewritten, mapped and removed by the process that made it.
+  project_config data_config() const {
+    project_config c = cfg_;
+    if (rank() != 0) c.run.output_dir = (out_dir_ / fmt::format("rank-{}", rank())).string();
+    return c;
+  }
+
   // Several processes: rank 0's starting point (a resume's step, data position and every stage's
   // LoRA weights and AdamW state) on every rank.
   status share_start() {
@@ -126,7 +135,7 @@ class trainer {
       cursor_ = static_cast<int64_t>(s[2].item<double>());
       sum_.first_val_loss = s[3].item<double>();
       eval_pending_ = s[4].item<double>() > 0;
-      checkpointed_step_ = step_;
+      checkpointed_step_ = resuming_ ? step_ : -1;  // as on rank 0: every rank gathers for the same checkpoints
     }
     if (!resuming_) return ok_status();
     if (rig_.executor) LP_TRY(rig_.executor->gather_state(/*from_rank=*/0));  // every rank: a collective

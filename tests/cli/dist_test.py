@@ -8,7 +8,10 @@
   checkpoint to the very adapter of the uninterrupted run; `resume --processes 1` continues it in
   one process to the same adapter (within the tolerance of one process against two). The error
   says what the dead rank did last (its step and last completed instruction).
-- Ranks started by hand (`--rank`, `--rendezvous`) with different projects are refused on both sides.
+- Ranks started by hand (`--rank`, `--rendezvous`) with projects that differ only in the learning rate
+  are refused on both sides.
+- `--steps 0` over 2 processes completes at once (every rank takes part in the step-0 checkpoint).
+- data.on_disk over 2 local processes: each rank keeps its own token cache; losses equal one process's.
 - distributed.processes beyond the device count is refused naming the field.
 - A local rank that dies before the rendezvous fails the run at once, naming it.
 - Ranks started by hand: `resume RUN --rendezvous` on rank 0 with a fresh rank 1 that has no
@@ -265,9 +268,36 @@ def rank_dead_before_rendezvous(cli, env, tmp, data):
           rc == 1 and "rank 1 exited with signal 9 before joining" in err and took < 30, f"rc={rc} {last[:300]!r}")
 
 
+def zero_steps(cli, env, tmp, data):
+    # --steps 0: every rank takes part in the step-0 checkpoint together (rank 0 gathers the stages'
+    # state; a rank that skipped it left rank 0 gathering from a process gone), the run completes at once.
+    proj = project(tmp, data, "zero", "cpu:2", "1f1b")
+    t0 = time.time()
+    rc, err = run(cli, "train", proj, "--output", os.path.join(tmp, "zero"), "--processes", "2", "--steps", "0", env=env, timeout=120)
+    took = time.time() - t0
+    check(f"--steps 0 over 2 processes completes at once ({took:.1f} s, timeout 20 s)",
+          rc == 0 and "checkpoint" in err and took < 15, f"rc={rc} {err[-400:]!r}")
+
+
+def on_disk_data(cli, env, tmp, data):
+    # data.on_disk: local ranks share rank 0's output folder, each keeps its own token cache (a shared
+    # one is truncated and removed under another rank's mapping); the losses equal one process's.
+    extra = {"data": {"train": os.path.join(data, "instruct/quiz_alpaca.jsonl"), "on_disk": True, "seq_len": 128},
+             "run": {"steps": 4, "checkpoint_interval": 0}}
+    proj = project(tmp, data, "ondisk", "cpu:2", "1f1b", extra)
+    rc1, err1 = run(cli, "train", proj, "--output", os.path.join(tmp, "ondisk-1"), "--json", env=env)
+    rc2, err2 = run(cli, "train", proj, "--output", os.path.join(tmp, "ondisk-2"), "--processes", "2", "--json", env=env)
+    a, b = steps_of(err1), steps_of(err2)
+    check("data.on_disk over 2 processes: the losses equal one process's", rc1 == 0 and rc2 == 0 and len(a) == 4 and
+          all(abs(x - y) <= 1e-6 * abs(x) for x, y in zip(a, b)) and len(b) == 4, f"rc {rc1}/{rc2} {a} vs {b} {err2[-300:]}")
+    check("data.on_disk over 2 processes: rank 1 kept its cache apart", os.path.isdir(os.path.join(tmp, "ondisk-2", "rank-1", "data-cache")))
+
+
 def mismatched_ranks_refused(cli, env, tmp, data):
     a = project(tmp, data, "rank-a", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}})
-    b = project(tmp, data, "rank-b", "cpu:2", "1f1b", {"distributed": {"processes": 2, "timeout_s": 20}, "optimizer": {"lr": 0.001}})
+    os.makedirs(os.path.join(tmp, "other"), exist_ok=True)  # the same name: only the learning rate differs
+    b = project(os.path.join(tmp, "other"), data, "rank-a", "cpu:2", "1f1b",
+                {"distributed": {"processes": 2, "timeout_s": 20}, "optimizer": {"lr": 0.001}})
     port = free_port()
     r0 = subprocess.Popen([cli, "train", a, "--output", os.path.join(tmp, "ra"), "--rank", "0", "--rendezvous", f"127.0.0.1:{port}"],
                           stderr=subprocess.PIPE, text=True, env=env)
@@ -302,6 +332,8 @@ def main():
             ctrl_c_stops_every_rank(args.cli, env, tmp, args.data)
             hand_started_resume_without_checkpoint(args.cli, env, tmp, args.data)
             mismatched_ranks_refused(args.cli, env, tmp, args.data)
+            zero_steps(args.cli, env, tmp, args.data)
+            on_disk_data(args.cli, env, tmp, args.data)
             rank_dead_before_rendezvous(args.cli, env, tmp, args.data)
             proj = project(tmp, args.data, "bad", "cpu:2", "1f1b")
             rc, err = run(args.cli, "train", proj, "--processes", "3", env=env)
