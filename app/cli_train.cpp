@@ -144,6 +144,8 @@ int cmd_train(const train_args& a, const cancel_token& stop) {
     if (!r) return cli_fail(fmt::format("rank {}: {}", a.rank, r.message()));
     return 0;
   }
+  if (a.rank == 0)
+    if (auto st = check_hand_started_rank0(cfg); !st) return cli_fail(st.message());
   auto h = begin_run(cfg, a.project, resolve_database(a.db, &cfg));
   if (!h) return cli_fail(h.message());
   return execute(*h, a.json, stop, /*start_ranks=*/a.rank < 0);
@@ -163,6 +165,7 @@ int cmd_resume(const resume_args& a, const cancel_token& stop) {
   if (!a.rendezvous.empty()) {  // the other ranks are started by hand, on their machines
     h->config.distributed.rendezvous = a.rendezvous;
     if (auto st = validate_project(h->config); !st) return cli_fail(st.message());
+    if (auto st = check_hand_started_rank0(h->config); !st) return cli_fail(st.message());
     return execute(*h, a.json, stop, /*start_ranks=*/false);
   }
   return execute(*h, a.json, stop);

@@ -27,6 +27,7 @@ std::string hash_key(int r) { return fmt::format("lorapipe/hash/{}", r); }
 std::string seen_key(int r) { return fmt::format("lorapipe/seen/{}", r); }
 std::string report_key(int r) { return fmt::format("lorapipe/report/{}", r); }
 std::string host_key(int r) { return fmt::format("lorapipe/host/{}", r); }
+std::string claim_key(int r) { return fmt::format("lorapipe/claim/{}", r); }
 std::string this_host() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "?";
@@ -252,8 +253,12 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   for (int r = 0; r < o.world; ++r) hashes[static_cast<size_t>(r)] = hash_key(r), seen[static_cast<size_t>(r)] = seen_key(r);
   std::vector<std::string> theirs;
   try {
+    // Each rank number is taken once: a second process started as the same rank is refused here.
+    if (p->store->add(claim_key(o.rank), 1) != 1)
+      return make_error("distributed: another process already joined the rendezvous at {}:{} as rank {}; give each process its own "
+                        "--rank", o.host, p->port, o.rank);
     p->store->set(host_key(o.rank), bytes_of(this_host()));  // before the hash: present once the hash is
-    p->store->set(hash_key(o.rank), bytes_of(o.config_hash));
+    p->store->set(hash_key(o.rank), bytes_of(fmt::format("{} {}", o.world, o.config_hash)));  // the world size compared too
     LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous", o.watch));
     for (int r = 0; r < o.world; ++r) theirs.push_back(text_of(p->store->get(hash_key(r))));
     for (int r = 0; r < o.world; ++r) p->hosts.push_back(text_of(p->store->get(host_key(r))));
@@ -264,11 +269,19 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
     return make_error("distributed: rank {}: the rendezvous at {}:{} failed: {}", o.rank, o.host, p->port, msg);
   }
-  for (int r = 1; r < o.world; ++r)
-    if (theirs[static_cast<size_t>(r)] != theirs[0])
+  // "WORLD HASH" per rank.
+  const auto world_of = [](const std::string& s) { return s.substr(0, s.find(' ')); };
+  const auto hash_of = [](const std::string& s) { return s.substr(std::min(s.size(), s.find(' ') + 1)); };
+  for (int r = 1; r < o.world; ++r) {
+    const std::string& t = theirs[static_cast<size_t>(r)];
+    if (world_of(t) != world_of(theirs[0]))
+      return make_error("distributed: rank {} was started for {} processes, rank 0 for {}; every process must be given the same "
+                        "distributed.processes", r, world_of(t), world_of(theirs[0]));
+    if (hash_of(t) != hash_of(theirs[0]))
       return make_error("distributed: rank {} runs another project than rank 0 (config hash {} vs {}); every process must "
                         "run the same project file and settings",
-                        r, theirs[static_cast<size_t>(r)].substr(0, 16), theirs[0].substr(0, 16));
+                        r, hash_of(t).substr(0, 16), hash_of(theirs[0]).substr(0, 16));
+  }
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
     // Where this rank listens for the others: the loopback for a rendezvous on it, the interface

@@ -186,6 +186,7 @@ result<std::unique_ptr<process_group>> join_processes(const project_config& cfg,
   o.host = d.rendezvous.substr(0, colon);
   o.port = static_cast<uint16_t>(std::stoi(d.rendezvous.substr(colon + 1)));
   if (rank > 0 && o.port == 0) return make_error("distributed.rendezvous: rank {} needs rank 0's port (host:port)", rank);
+  if (rank == 0 && !launch) LP_TRY(check_hand_started_rank0(cfg));
   o.rank = rank;
   o.world = static_cast<int>(d.processes);
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(d.timeout_s * 1000));
@@ -196,6 +197,14 @@ result<std::unique_ptr<process_group>> join_processes(const project_config& cfg,
 }
 
 }  // namespace
+
+status check_hand_started_rank0(const project_config& cfg) {
+  const auto& r = cfg.distributed.rendezvous;
+  if (cfg.distributed.processes > 1 && r.substr(r.rfind(':') + 1) == "0")
+    return make_error("distributed.rendezvous: rank 0 started by hand (--rank 0) needs a fixed port (host:port) to give the other "
+                      "ranks; port 0 would pick one nobody is told");
+  return ok_status();
+}
 
 result<train_summary> run_rank(const project_config& cfg, int rank, const fs::path& resume_from, observer& obs, const cancel_token& cancel,
                                const probe_fn& probe) {

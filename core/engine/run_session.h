@@ -74,6 +74,11 @@ result<run_outcome> execute_run(const run_handle& h, observer& obs, const cancel
 result<train_summary> run_rank(const project_config& cfg, int rank, const std::filesystem::path& resume_from, observer& obs,
                                const cancel_token& cancel, const probe_fn& probe = {});
 
+// Rank 0 of a run whose other ranks are started by hand (train --rank 0, resume --rendezvous): its
+// rendezvous must name a fixed port to give them (port 0 picks one nobody is told). Checked before a
+// run is recorded.
+status check_hand_started_rank0(const project_config& cfg);
+
 // LORAPIPE_KILL_AT=<site>:<n> (kill tests): the process SIGKILLs itself the n-th time it reaches
 // <site> (checkpoint:file, checkpoint:manifest, checkpoint:rename, db:commit, pipeline:instruction,
 // rank:start).

@@ -179,6 +179,43 @@ TEST(ProcessGroup, AHungRankTimesOutNamingIt) {
   EXPECT_LT(took, 1.5 + 8.0) << s.message();
 }
 
+// Two processes started as rank 1: the second is refused at once, naming the rank; a rank started
+// for another world size is refused by rank 0, naming both sizes.
+TEST(ProcessGroup, ARankTakenTwiceOrAnotherWorldSizeIsRefused) {
+  rendezvous_options o;
+  o.world = 3;
+  o.config_hash = "same";
+  o.timeout = std::chrono::milliseconds(1500);
+  std::vector<std::unique_ptr<child_process>> ones;
+  o.on_listening = [&](uint16_t port) {
+    for (int i = 0; i < 2; ++i)
+      ones.push_back(std::make_unique<child_process>(
+          std::vector<std::string>{LORAPIPE_DIST_PEER, "exchange", "1", "3", std::to_string(port), "same", "1500"}, err_file(10 + i)));
+  };
+  auto g = process_group::join(o);
+  ASSERT_FALSE(g.ok());  // rank 2 never comes
+  EXPECT_NE(g.message().find("rank(s) 2 did not arrive"), std::string::npos) << g.message();
+  int refused = 0;
+  for (auto& p : ones) {
+    (void)p->wait(std::chrono::seconds(20));
+    refused += p->stderr_text().find("another process already joined the rendezvous") != std::string::npos &&
+               p->stderr_text().find("as rank 1") != std::string::npos;
+  }
+  EXPECT_EQ(refused, 1) << ones[0]->stderr_text() << "\n" << ones[1]->stderr_text();
+
+  rendezvous_options two = o;
+  two.world = 2;
+  std::unique_ptr<child_process> three;
+  two.on_listening = [&](uint16_t port) {
+    three = std::make_unique<child_process>(
+        std::vector<std::string>{LORAPIPE_DIST_PEER, "exchange", "1", "3", std::to_string(port), "same", "1500"}, err_file(12));
+  };
+  auto h = process_group::join(two);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.message().find("rank 1 was started for 3 processes, rank 0 for 2"), std::string::npos) << h.message();
+  (void)three->wait(std::chrono::seconds(20));
+}
+
 TEST(ProcessGroup, AMissingRankIsNamedAtTheRendezvous) {
   rendezvous_options o;
   o.world = 3;
