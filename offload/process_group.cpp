@@ -2,6 +2,7 @@
 // headers (libgloo-dev), which are older than the Gloo inside LibTorch: so only c10d types are made
 // here, and Gloo objects only through c10d's factories (tests/test_process_group.cpp checks the bytes).
 #include "offload/process_group.h"
+#include "offload/store_agent.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -89,8 +91,8 @@ struct progress_board {
     if (context.empty() || devs.empty()) return context + devs;
     return context + ": " + devs;
   }
-  void start(c10d::Store& store, int rank) {
-    publisher = std::thread([this, &store, rank] {
+  void start(std::function<void(const std::string&)> publish) {
+    publisher = std::thread([this, publish = std::move(publish)] {
       uint64_t published = 0;
       std::unique_lock lock(mu);
       while (true) {
@@ -100,7 +102,7 @@ struct progress_board {
         const std::string t = text();
         lock.unlock();
         try {
-          store.set(report_key(rank), bytes_of(t));
+          publish(t);
         } catch (const std::exception&) {  // the store is gone (rank 0 died): the error reaches us elsewhere
         }
         lock.lock();
@@ -129,28 +131,17 @@ struct process_group::impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   std::unique_ptr<std::atomic<uint64_t>[]> sent;  // bytes posted per peer
   std::vector<std::string> hosts;                 // per rank
-  std::unique_ptr<progress_board> board;  // declared last: its publisher stops before the store goes
 
-  // Reports are read in error paths: through a connection of their own with a short timeout, so an
-  // unresponsive rank 0 costs at most that, not another distributed timeout.
-  mutable std::mutex reader_mu;
-  mutable c10::intrusive_ptr<c10d::TCPStore> reader;
+  // Reports, and the failure bookkeeping (collective(), report_failure), go through a connection of
+  // their own on a thread of its own with a short deadline: an unresponsive rank 0 costs seconds
+  // there, not another distributed timeout or a recv that never returns (store_agent.h).
+  std::unique_ptr<store_agent> agent;
+  std::unique_ptr<progress_board> board;  // declared after the connections: its publisher stops before they go
+
   std::string last_report(int r) const {
-    std::lock_guard lock(reader_mu);
     try {
-      if (!reader) {
-        c10d::TCPStoreOptions so;
-        so.port = port;
-        so.isServer = false;
-        so.waitWorkers = false;
-        so.useLibUV = false;
-        so.timeout = std::min<std::chrono::milliseconds>(o.timeout, std::chrono::milliseconds(2000));
-        reader = c10::make_intrusive<c10d::TCPStore>(o.host, so);
-      }
-      if (!reader->check({report_key(r)})) return "";
-      return text_of(reader->get(report_key(r)));
+      return agent->get<std::string>([k = report_key(r)](c10d::TCPStore& s) { return s.check({k}) ? text_of(s.get(k)) : std::string(); });
     } catch (const std::exception&) {
-      reader.reset();
       return "";
     }
   }
@@ -203,13 +194,13 @@ struct process_group::impl {
     std::string gone;
     try {
       const auto key = [n](int r) { return fmt::format("lorapipe/failed/{}/{}", n, r); };
-      store->set(key(o.rank), bytes_of("1"));
+      agent->run([k = key(o.rank)](c10d::TCPStore& s) { s.set(k, bytes_of("1")); });
       const auto end = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(o.timeout, std::chrono::milliseconds(3000));
       std::vector<int> missing;
       do {
         missing.clear();
         for (int r = 0; r < o.world; ++r)
-          if (r != o.rank && !store->check({key(r)})) missing.push_back(r);
+          if (r != o.rank && !agent->get<bool>([k = key(r)](c10d::TCPStore& s) { return s.check({k}); })) missing.push_back(r);
         if (missing.empty()) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       } while (std::chrono::steady_clock::now() < end);
@@ -299,7 +290,12 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   }
   p->sent = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(o.world));
   p->board = std::make_unique<progress_board>();
-  p->board->start(*p->store, o.rank);
+  // Reports go over the short-timeout connection too: in order with report_failure's, and a slow
+  // rank 0 holds the publisher (not a training thread) for seconds at most.
+  p->agent = std::make_unique<store_agent>(o.host, p->port, std::min<std::chrono::milliseconds>(o.timeout, std::chrono::milliseconds(2000)));
+  p->board->start([agent = p->agent.get(), k = report_key(o.rank)](const std::string& t) {
+    agent->run([k, t](c10d::TCPStore& s) { s.set(k, bytes_of(t)); });
+  });
   return std::unique_ptr<process_group>(new process_group(std::move(p)));
 }
 
@@ -387,11 +383,14 @@ std::string process_group::last_report(int rank) { return p_->last_report(rank);
 void process_group::report_failure(const std::string& message) {
   std::string text = "failed: " + message;
   if (text.size() > 2000) text.resize(2000);
-  p_->board->halt();  // no older report can land after this one
+  p_->board->halt();  // no older report can land after this one (the publisher's last set has returned)
   try {  // now, not by the publisher: the process may exit next. The check answers only after the
-         // store has taken the set (one connection, in order).
-    p_->store->set(report_key(p_->o.rank), bytes_of(text));
-    (void)p_->store->check({report_key(p_->o.rank)});
+         // store has taken the set (one connection, in order); the short-timeout one, so an
+         // unresponsive rank 0 costs seconds here, not another distributed timeout.
+    p_->agent->run([k = report_key(p_->o.rank), text](c10d::TCPStore& s) {
+      s.set(k, bytes_of(text));
+      (void)s.check({k});
+    });
   } catch (const std::exception&) {  // rank 0's store is gone: nobody is left to tell
   }
 }

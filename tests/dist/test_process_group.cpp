@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -177,6 +181,50 @@ TEST(ProcessGroup, AHungRankTimesOutNamingIt) {
   std::printf("hung rank, after %.2f s: %s\n", took, s.message().c_str());
   EXPECT_GT(took, 1.0);
   EXPECT_LT(took, 1.5 + 8.0) << s.message();
+}
+
+// Rank 0 stopped (SIGSTOP: its rendezvous store answers nobody): rank 1's collective fails after the
+// timeout, then names rank 0 within seconds. (A TCPStore client's check() then blocks in recv for
+// ever: the failure bookkeeping goes through store_agent, which gives up after its deadline.)
+TEST(ProcessGroup, AStoppedRankZeroIsNamedWithinTheTimeoutAndSeconds) {
+  const int timeout_ms = 6000;
+  int port = 0;
+  {  // a free port for the child's store
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  child_process zero({LORAPIPE_DIST_PEER, "hang", "0", "2", std::to_string(port), "same", std::to_string(timeout_ms)}, err_file(20));
+  rendezvous_options o;
+  o.rank = 1;
+  o.world = 2;
+  o.port = static_cast<uint16_t>(port);
+  o.config_hash = "same";
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  auto g = process_group::join(o);
+  ASSERT_TRUE(g.ok()) << g.message() << zero.stderr_text();
+  ASSERT_FALSE(await_report(**g, 0).empty());  // rank 0 is past its join, hanging
+  ASSERT_EQ(::kill(zero.pid(), SIGSTOP), 0);
+  const auto t0 = clk::now();
+  at::Tensor x = torch::ones({4});  // f32 [4]
+  auto st = (*g)->all_reduce_sum(x);
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  (*g)->report_failure(st.message());  // as a failing rank does before it exits: seconds too
+  const double took_all = std::chrono::duration<double>(clk::now() - t0).count();
+  ::kill(zero.pid(), SIGCONT);
+  zero.kill();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("rank 0 is gone"), std::string::npos) << st.message();
+  std::printf("rank 0 stopped: failed after %.2f s, reported after %.2f s (timeout %.1f s): %s\n", took, took_all, timeout_ms / 1000.0,
+              st.message().c_str());
+  EXPECT_GT(took, timeout_ms / 1000.0 - 0.5);
+  EXPECT_LT(took_all, timeout_ms / 1000.0 + 5.0);  // the timeout and one short deadline (3 s); before: forever
 }
 
 // Two processes started as rank 1: the second is refused at once, naming the rank; a rank started
