@@ -316,6 +316,23 @@ TEST(Dataset, PacksWindowsSplitsAndRejectsEmpty) {
   EXPECT_EQ(ds->train.tokens, want);
   EXPECT_EQ(ds->train.size(), static_cast<int64_t>((want.size() - 1) / 4));
   EXPECT_EQ(ds->train.window(1)[0], want[4]);
+  // The fingerprint the ranks of a run compare: equal data, equal print (also read through a mapping);
+  // one token or one mask byte changed, another.
+  const uint64_t fp = windows_fingerprint(ds->train);
+  token_windows same = ds->train;
+  EXPECT_EQ(windows_fingerprint(same), fp);
+  token_windows mapped = ds->train;
+  mapped.mapped_tokens = ds->train.tokens.data();
+  mapped.tokens.clear();
+  EXPECT_EQ(windows_fingerprint(mapped), fp);
+  same.tokens[5] ^= 1;
+  EXPECT_NE(windows_fingerprint(same), fp);
+  token_windows masked = ds->train;
+  masked.mask.assign(masked.tokens.size(), 1);
+  const uint64_t fm = windows_fingerprint(masked);
+  EXPECT_NE(fm, fp);
+  masked.mask[3] = 0;
+  EXPECT_NE(windows_fingerprint(masked), fm);
   // Document statistics (data inspection): lengths with BOS/EOS, power-of-two histogram, previews.
   std::vector<int64_t> lens;
   for (const char* doc : {"Once upon a time.", "The end came.", "A third one here."})
