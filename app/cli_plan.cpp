@@ -167,9 +167,10 @@ void print_plan_text(const plan_inputs& in) {
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
     for (const auto& c : rep->schedule_candidates)
-      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB, layers {} ({}){}\n", c.schedule,
+      std::cout << (c.ok ? fmt::format("  {:<12} x{:<3} step {:.3f} s, bubble {:.3f}, peak {:.1f} MiB, layers {} ({}){}{}\n", c.schedule,
                                        c.micro_batches, c.step_s, c.bubble_ratio, c.peak_bytes / 1048576.0, c.partition, c.partition_how,
-                                       c.backward_partition.empty() ? std::string() : ", backward " + c.backward_partition)
+                                       c.backward_partition.empty() ? std::string() : ", backward " + c.backward_partition,
+                                       candidate_loss_text(c, rep->schedule_candidates.front()))
                          : fmt::format("  {:<12} x{:<3} not possible: {}\n", c.schedule, c.micro_batches, c.note));
   }
   if (!rep->partition.sizes.empty()) {

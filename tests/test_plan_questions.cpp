@@ -156,6 +156,28 @@ TEST(PlanQuestions, LargestFitFitsAndOneMoreIsRefused) {
   const auto none = largest_fit(c, project_capacity(c, nullptr));
   EXPECT_EQ(none->max_seq_len, 0);
   EXPECT_NE(fit_limits_text(*none, c).find("not even one token"), std::string::npos);
+  // A probe's stand-in capacity of CPU virtual devices bounds nothing; a GPU's measured memory does
+  // (the tighter of it and the limit).
+  device_inventory probed;
+  probed.devices.resize(2);
+  for (auto& d : probed.devices) d.capacity_bytes = size_t{1} << 40;
+  c.offload.device_memory_mb = 0;
+  EXPECT_EQ(project_capacity(c, &probed), (std::vector<size_t>{0, 0}));
+  probed.devices[1].gpu = 0;
+  probed.devices[1].capacity_bytes = 8 * 1048576;
+  EXPECT_EQ(project_capacity(c, &probed), (std::vector<size_t>{0, 8 * 1048576}));
+  c.offload.device_memory_mb = 3;
+  EXPECT_EQ(project_capacity(c, &probed), (std::vector<size_t>{3 * 1048576, 3 * 1048576}));
+  // One device: its memory is not planned, so a limit refuses nothing there (train would run it).
+  project_config one = stories_pipeline();
+  one.parallel.devices = "cpu";
+  one.parallel.schedule = one.parallel.partition = "auto";
+  one.offload.device_memory_mb = 0.05;
+  const auto single = make_plan(one, 100);
+  ASSERT_TRUE(single.ok()) << single.message();
+  EXPECT_EQ(single->schedule, "single");
+  EXPECT_EQ(single->memory_refusal, "");
+  EXPECT_TRUE(check_project_memory(one).ok());
 }
 
 TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
@@ -243,7 +265,8 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
     EXPECT_FALSE(held->cfg.offload.automatic);
     EXPECT_EQ(held->cfg.offload.stream_weights, !oa_rep.stream_weights);
   }
-  // One device: the plan is "single" (no pipeline), nothing else is written.
+  // One device: the plan is "single" (no pipeline); "auto" stays (it trains single here and plans a
+  // pipeline when devices are added: the file then still trains with --devices cpu:2).
   nlohmann::ordered_json one = j;
   one["parallel"] = {{"devices", "cpu"}};
   ASSERT_TRUE(write_file_atomic(file, one.dump(2)).ok());
@@ -253,7 +276,10 @@ TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
   EXPECT_EQ(summarize_plan(single_cfg, single).schedule, "single");
   ASSERT_TRUE(write_plan_choices(file, single_cfg, single).ok());
   const auto one_back = nlohmann::ordered_json::parse(read_text_file(file).value());
-  EXPECT_EQ(one_back["parallel"], (nlohmann::ordered_json{{"devices", "cpu"}, {"schedule", "single"}}));
+  EXPECT_EQ(one_back["parallel"], (nlohmann::ordered_json{{"devices", "cpu"}, {"schedule", "auto"}}));
+  auto widened = load_project(file).value();
+  widened.parallel.devices = "cpu:2";
+  EXPECT_TRUE(validate_project(widened).ok());
   const auto fit = largest_fit(with_plan_choices(single_cfg, single), {size_t{1} << 30});
   EXPECT_NE(fit->note.find("not planned"), std::string::npos) << fit->note;
   // A file that is not a project object is left alone.

@@ -260,7 +260,9 @@ std::vector<size_t> project_capacity(const project_config& cfg, const device_inv
   const bool probed = probe != nullptr && probe->devices.size() == cap.size();
   const auto limit = static_cast<size_t>(std::max(0.0, cfg.offload.device_memory_mb) * 1048576.0);
   for (size_t d = 0; d < cap.size(); ++d) {
-    const size_t measured = probed ? probe->devices[d].capacity_bytes : 0;
+    // A CPU virtual device without offload.device_memory_mb has no bound (its probed "capacity" is
+    // a stand-in): only a GPU's measured memory bounds a device.
+    const size_t measured = probed && probe->devices[d].gpu >= 0 ? probe->devices[d].capacity_bytes : 0;
     cap[d] = measured > 0 && limit > 0 ? std::min(measured, limit) : std::max(measured, limit);  // the tighter of the two
   }
   return cap;
@@ -347,7 +349,8 @@ project_config with_plan_choices(const project_config& cfg, const plan_report& r
     c.offload.recompute = rep.recompute;
     c.offload.recompute_granularity = rep.recompute_granularity;
   }
-  c.parallel.schedule = rep.schedule;
+  // On one device "auto" stays: it trains single there and still plans a pipeline when devices are added.
+  if (rep.schedule != "single" || c.parallel.schedule != "auto") c.parallel.schedule = rep.schedule;
   if (rep.schedule != "single") {
     c.parallel.micro_batches = rep.prog.micro_batches;
     const std::string backward = backward_partition_text(rep.partition);
@@ -369,7 +372,7 @@ status write_plan_choices(const std::filesystem::path& project_file, const proje
   par["devices"] = chosen.parallel.devices;
   if (!chosen.parallel.device_speeds.empty()) par["device_speeds"] = chosen.parallel.device_speeds;
   par["schedule"] = chosen.parallel.schedule;
-  if (chosen.parallel.schedule != "single") {
+  if (rep.schedule != "single") {
     par["micro_batches"] = chosen.parallel.micro_batches;
     par["partition"] = chosen.parallel.partition;
     if (chosen.parallel.schedule == "round-robin" || par.contains("backward_partition"))

@@ -94,7 +94,7 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
                                                ? rank_of_positions(static_cast<int64_t>(r.devices.size()), static_cast<int>(cfg.distributed.processes))
                                                : std::vector<int>{}));
     r.links = std::move(links);
-    if (cfg.offload.device_memory_mb > 0) {
+    if (cfg.offload.device_memory_mb > 0 && pipelined) {  // the limit is for pipeline devices (as check_project_memory)
       std::vector<std::string> names;
       for (const auto& f : r.devices) names.push_back(f.name);
       const std::vector<size_t> cap(names.size(), static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0));
@@ -125,6 +125,13 @@ std::string offload_choice_text(const plan_report& r) {
     return fmt::format("offload auto kept the settings as set ({}): no other combination predicts a step 1% faster that fits", settings);
   return fmt::format("offload auto chose {} (changed {}); predicted step {:.4f} s against {} as set", settings, fmt::join(o.changes, ", "),
                      o.step_s, o.given_step_s > 0 ? fmt::format("{:.4f} s", o.given_step_s) : std::string("no plan that fits"));
+}
+
+std::string candidate_loss_text(const schedule_candidate& c, const schedule_candidate& winner) {
+  if (&c == &winner) return "; chosen";
+  if (!c.ok) return "";
+  if (c.step_s > winner.step_s * (1 + 1e-9)) return fmt::format("; lost: {:.1f}% slower", 100 * (c.step_s / winner.step_s - 1));
+  return c.micro_batches > winner.micro_batches ? "; lost: as fast, more micro-batches" : "; lost: as fast, listed later";
 }
 
 }  // namespace lorapipe

@@ -78,5 +78,8 @@ result<project_config> resolve_project_schedule(const project_config& cfg);
 // offload.auto's choice in words (empty when offload.auto was off): the settings planned, what
 // changed, and the predicted step against the settings as set.
 std::string offload_choice_text(const plan_report& r);
+// Why a feasible schedule candidate lost to the chosen one (`winner`, the first): "; lost: 4.6% slower",
+// "; lost: as fast, more micro-batches" (or "listed later"); "; chosen" for the winner itself.
+std::string candidate_loss_text(const schedule_candidate& c, const schedule_candidate& winner);
 
 }  // namespace lorapipe
