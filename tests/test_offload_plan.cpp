@@ -226,6 +226,35 @@ TEST(Transport, NcclCommunicatorPerDirectionCannotDeadlock) {
               shared_deadlocks, programs);
 }
 
+// Direct (P2P) links: one copy, on the sender's engine, straight into the receiver; host-staged ones
+// download and then upload. With copies on the critical path the direct program is faster, never
+// slower, and every program still completes.
+TEST(Transport, DirectLinksAreOneCopyInTheSimulator) {
+  for (int devices : {2, 4})
+    for (const auto& name : schedule_names()) {
+      schedule_options o;
+      o.devices = devices;
+      o.micro_batches = 2 * devices;
+      auto made = make_schedule(name, 8, o);
+      ASSERT_TRUE(made.ok()) << name << " x" << devices << ": " << made.message();
+      SCOPED_TRACE(name + " x" + std::to_string(devices));
+      std::vector<device_facts> gpus;
+      for (int i = 0; i < devices; ++i) gpus.push_back({"cuda:" + std::to_string(i), i});
+      const auto always = [](int, int) { return true; };
+      const auto links = choose_transports(*made, gpus, "peer", always, false).value();
+      sim_costs c = uniform_costs(*made, 1e-3, 2e-3);
+      c.act_bytes = 4 << 20;
+      c.d2h_bytes_per_s = c.h2d_bytes_per_s = 1e9;  // 4 ms a copy: more than a compute
+      const auto staged = simulate(*made, c);
+      c.direct = peer_links(links);
+      ASSERT_EQ(c.direct.size(), links.size());
+      const auto direct = simulate(*made, c);
+      ASSERT_TRUE(staged.ok && direct.ok) << staged.error << direct.error << "\n" << direct.grid;
+      EXPECT_LT(direct.makespan_s, staged.makespan_s);
+      std::printf("%s x%d: host-staged %.1f ms, direct %.1f ms\n", name.c_str(), devices, 1e3 * staged.makespan_s, 1e3 * direct.makespan_s);
+    }
+}
+
 // cuda:0,0 used to give each of its two pipeline devices 90% of GPU 0's free memory (180% in all):
 // the pipeline devices on one GPU share its budget.
 TEST(DeviceMemory, PipelineDevicesOnOneGpuShareItsBudget) {
@@ -394,6 +423,7 @@ TEST(AutoSchedule, ChoosesTheFastestSimulatedPipelineThatFits) {
   EXPECT_EQ(micro_batch_counts(48, 4), (std::vector<int64_t>{4, 6, 8, 12, 16}));
   EXPECT_EQ(micro_batch_counts(3, 4), (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(micro_batch_counts(7, 2), (std::vector<int64_t>{7}));
+  EXPECT_EQ(micro_batch_counts(720, 8), (std::vector<int64_t>{8, 9, 10, 12, 16, 24}));  // of 8,9,10,12,15,16,18,20,24,30
   ASSERT_TRUE(ch->candidates.front().ok);
   EXPECT_EQ(ch->candidates.front().step_s, best);
   EXPECT_EQ(ch->schedule, ch->candidates.front().schedule);

@@ -21,11 +21,11 @@ namespace lorapipe {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(measured_compute, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s, embed_s,
                                    head_forward_s, head_backward_s)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(layer_profile, compute, device, dtype, warmup, repeats, seconds, weight_bytes_per_layer,
-                                   graph_bytes_per_token)
+                                   graph_bytes_per_token, graph_bytes_per_token_model)
 
 namespace {
 
-constexpr int profile_format = 1;
+constexpr int profile_format = 2;  // 2: the graph bytes measured
 
 std::string host_processor() {
   std::ifstream in("/proc/cpuinfo");
@@ -166,9 +166,11 @@ std::string layer_profile_text(const layer_profile& p) {
   }
   return fmt::format("layer profile on {} ({}, {} x {} tokens per micro-batch; medians of {} rounds after {} warm-up; took {:.2f} s):\n{}"
                      "  embedding {} ms; head (final norm, LM head, loss) forward {} ms, backward {} ms\n"
-                     "  per layer: weights {:.2f} MiB, autograd graph {:.1f} KiB per token\n",
+                     "  per layer: weights {:.2f} MiB, autograd graph {:.2f} KiB per token measured ({:.2f} KiB in the memory plan, {:+.1f}%)\n",
                      p.device, p.dtype, c.rows, c.seq_len, p.repeats, p.warmup, p.seconds, layers, ms(c.embed_s), ms(c.head_forward_s),
-                     ms(c.head_backward_s), p.weight_bytes_per_layer / 1048576.0, p.graph_bytes_per_token / 1024.0);
+                     ms(c.head_backward_s), p.weight_bytes_per_layer / 1048576.0, p.graph_bytes_per_token / 1024.0,
+                     p.graph_bytes_per_token_model / 1024.0,
+                     p.graph_bytes_per_token > 0 ? 100 * (p.graph_bytes_per_token_model / p.graph_bytes_per_token - 1) : 0.0);
 }
 
 }  // namespace lorapipe

@@ -372,6 +372,12 @@ status write_plan_choices(const std::filesystem::path& project_file, const proje
   par["devices"] = chosen.parallel.devices;
   if (!chosen.parallel.device_speeds.empty()) par["device_speeds"] = chosen.parallel.device_speeds;
   par["schedule"] = chosen.parallel.schedule;
+  if (rep.schedule == "single" && chosen.parallel.schedule == "auto") {
+    // One device under auto: what an earlier pipeline plan wrote goes back to auto, so adding
+    // devices plans them afresh (layer counts of another device count would not validate).
+    for (const char* k : {"partition", "backward_partition"})
+      if (par.contains(k)) par[k] = "auto";
+  }
   if (rep.schedule != "single") {
     par["micro_batches"] = chosen.parallel.micro_batches;
     par["partition"] = chosen.parallel.partition;

@@ -88,7 +88,7 @@ at::Tensor attention(const llama_config& cfg, const at::Tensor& q /*[B,nh,T,hd]*
   const int64_t T = q.size(2), S = k.size(2);
   if (window >= S) window = 0;  // every key is inside the window
 #if TORCH_VERSION_MAJOR >= 2
-  if (cfg.attn_softcap <= 0 && cfg.model_type != "gemma2") {  // transformers runs Gemma 2 eager, capped or not
+  if (!cfg.eager_attention()) {
     const double scale = cfg.attention_scale();
     if (window == 0 && ((start_pos == 0 && T == S) || T == 1))
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, T > 1, scale);

@@ -15,6 +15,7 @@
 #include "core/pipeline/schedule.h"
 #include "core/pipeline/schedule_sim.h"
 #include "core/project/llama_config.h"
+#include "core/project/lora_target.h"
 #include "core/project/project.h"
 
 namespace lorapipe {
@@ -60,9 +61,19 @@ std::vector<size_t> stage_tensor_bytes(const stage_def& st, const llama_config& 
 // The weight block of every stage of a program (layout_block at weight_alignment).
 std::vector<size_t> stage_weight_bytes(const program& p, const llama_config& c, size_t elem);
 
-// Bytes an autograd graph keeps per layer for `tokens` tokens (activation memory model shared with
-// the simulator and the executor's arena accounting).
-double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, size_t elem_bytes);
+// The LoRA targets that make a layer's autograd graph keep more: a frozen projection's input is not
+// kept (its weight needs no gradient), an adapted one's is. Attention's inputs are kept anyway; the
+// feed-forward's are not: gate/up (or gate_up) add the normed hidden state, down its [I] input.
+// Default: both (the most a graph keeps).
+struct graph_targets {
+  bool mlp_in = true, mlp_down = true;
+};
+graph_targets graph_targets_of(const std::vector<lora_target>& lora_targets);
+graph_targets graph_targets_of(const std::vector<std::string>& lora_targets);  // "gate_proj", "down", ...
+// Bytes an autograd graph keeps per layer for `tokens` tokens of sequences of `seq_len` (activation
+// memory model shared with the simulator and the executor's arena accounting; the layer profiler
+// measures it against the allocator).
+double stash_bytes_per_layer(const llama_config& cfg, int64_t tokens, int64_t seq_len, size_t elem_bytes, graph_targets t = {});
 
 // FLOPs of one decoder layer's forward, and of the final norm + LM head's, for a micro-batch of `rows`
 // sequences of `seq_len` tokens (a backward costs twice the forward).
@@ -74,7 +85,7 @@ double head_forward_flops(const llama_config& c, int64_t rows, int64_t seq_len);
 // boundary activation, stash, head working set and input bytes; copies at `copy_bytes_per_s`
 // (0 = instant); steady state. What the executor plans with when nobody gave it a plan.
 sim_costs flop_costs(const program& p, const llama_config& c, int64_t rows, int64_t seq_len, size_t elem, double gflops,
-                     double copy_bytes_per_s);
+                     double copy_bytes_per_s, graph_targets targets = {});
 
 // What the memory plan needs besides the program and its simulation, from the model's config:
 // the weight arenas, each layer's LoRA A and B in the compute dtype (r x (in + out) per adapted
@@ -144,6 +155,7 @@ struct schedule_choice {
 // The micro-batch counts auto weighs: every divisor of run.batch_size from the device count up to 4 x
 // devices (more micro-batches: a smaller bubble and smaller activations, more per-micro-batch work);
 // when none, the divisors below the device count (a batch smaller than the pipeline still trains).
+// At most 6: the multiples of the device count first, then the smallest others.
 std::vector<int64_t> micro_batch_counts(int64_t batch_size, int64_t devices);
 result<schedule_choice> choose_schedule(const project_config& cfg, const llama_config& mc, const compute_rates& rates);
 // The project with offload.auto resolved (resolve_auto_offload), schedule "auto" replaced by

@@ -48,7 +48,8 @@ status pipeline_executor::impl::check_memory(const std::vector<micro_batch>& mbs
   if (mbs.empty() || mbs[0].tokens.dim() != 2) return ok_status();
   const std::pair<int64_t, int64_t> shape{mbs[0].tokens.size(0), mbs[0].tokens.size(1)};
   if (!po.memory && (!mplan || mplan_shape != shape)) {
-    sim_costs costs = flop_costs(prog, w.cfg, shape.first, shape.second, w.embed.element_size(), auto_schedule_gflops, 0);
+    sim_costs costs = flop_costs(prog, w.cfg, shape.first, shape.second, w.embed.element_size(), auto_schedule_gflops, 0,
+                                  graph_targets_of(lora.cfg.targets));
     costs.per_layer_recompute = po.layer_recompute;
     if (!mbs[0].labels.defined()) costs.input_bytes = costs.token_bytes;
     const sim_result sim = simulate(prog, costs);

@@ -339,7 +339,8 @@ struct pipeline_executor::impl {
   struct worker_ctx {
     worker_ctx(int32_t d_, compute_device& dev_, const std::vector<micro_batch>& mbs_, double lr_, double max_norm_, bool apply_)
         : d(d_), dev(dev_), tdev(dev_.torch_device()), mbs(mbs_), lr(lr_), max_norm(max_norm_), apply(apply_),
-          tokens_per_micro(mbs_.empty() ? 0 : mbs_[0].tokens.numel()) {}
+          tokens_per_micro(mbs_.empty() ? 0 : mbs_[0].tokens.numel()),
+          seq_len(mbs_.empty() ? 0 : mbs_[0].tokens.size(-1)) {}
     int32_t d;
     compute_device& dev;
     c10::Device tdev;
@@ -351,7 +352,7 @@ struct pipeline_executor::impl {
     rope_tables rope;
     std::map<std::tuple<char, int32_t, int32_t>, async_tensor> local;  // (a|g|c, boundary, micro)
     std::map<std::pair<int32_t, int32_t>, graph_stash> stash;          // (stage, micro) -> graph
-    int64_t tokens_per_micro = 0;
+    int64_t tokens_per_micro = 0, seq_len = 0;  // of a micro-batch ([rows, seq_len] tokens)
     std::vector<block_ptr> held;  // arena charges of the step: LoRA and RoPE copies, micro-batch inputs
     // Outgoing copies (SEND, OFFLOAD) issued since the last compute began: the next compute waits
     // for them when it ends, so their sources are back by then (the memory plan's bound).

@@ -167,7 +167,8 @@ void impl::upload_when_open(int32_t dest, int64_t after, std::function<void()> s
 
 // Arena bytes an autograd graph over `layers` layers holds while it waits for its backward.
 block_ptr impl::stash_block(worker_ctx& c, int32_t layers) {
-  const double per_layer = stash_bytes_per_layer(w.cfg, c.tokens_per_micro, w.embed.element_size());
+  const double per_layer = stash_bytes_per_layer(w.cfg, c.tokens_per_micro, c.seq_len, w.embed.element_size(),
+                                                 graph_targets_of(lora.cfg.targets));
   return std::make_shared<arena_block>(c.dev.arena(), static_cast<size_t>(per_layer * std::max(1, layers)));
 }
 

@@ -68,6 +68,9 @@ struct llama_config {
     return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer];
   }
   double attention_scale() const;
+  // Attention as explicit score matrices (softmax over [T, S] scores kept for the backward) rather
+  // than a fused kernel: soft-capped scores, and Gemma 2 always (transformers runs it eager).
+  bool eager_attention() const { return attn_softcap > 0 || model_type == "gemma2"; }
   // Longest sequence the model runs: max_position_embeddings, unbounded with dynamic NTK scaling
   // (which exists to run past it).
   int64_t context_length() const;

@@ -2,9 +2,11 @@
 #include "core/train/layer_profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -98,6 +100,33 @@ double timed(c10::Device dev, F&& f) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
+// Bytes LibTorch's allocators hand out on this thread while installed (CPU and CUDA both report to a
+// memory-profiling debug info, as torch.profiler's profile_memory does): what a forward leaves
+// allocated is its output and the tensors its autograd graph saved.
+// On CUDA the caching allocator reports its blocks (sizes rounded up): a little above the tensors.
+struct allocation_meter final : c10::MemoryReportingInfoBase {
+  std::atomic<int64_t> current{0};  // intra-op threads inherit the thread-local state
+  bool memoryProfilingEnabled() const override { return true; }
+  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, size_t /*total_allocated*/, size_t /*total_reserved*/,
+                         c10::Device /*device*/) override {
+    current += alloc_size;
+  }
+};
+
+// Bytes the autograd graph of `forward` (which returns its output) holds once it has run: what
+// stays allocated, less the output. 0 (not measured) while a profiler holds the slot the meter uses.
+template <class F>
+double graph_bytes(F&& forward) {
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr) return 0;
+  auto meter = std::make_shared<allocation_meter>();
+  at::Tensor y;
+  {
+    c10::DebugInfoGuard metering(c10::DebugInfoKind::PROFILER_STATE, meter);
+    y = forward();
+  }
+  return static_cast<double>(meter->current.load()) - static_cast<double>(y.numel() * y.element_size());
+}
+
 // Restores the thread count of LibTorch's intra-op pool.
 struct thread_scope {
   int saved = at::get_num_threads();
@@ -128,7 +157,7 @@ result<layer_profile> profile_layers(const project_config& cfg, const llama_conf
     const auto opts = at::TensorOptions().dtype(dtype).device(dev);
     const size_t kinds = m.w.layers.size();
     std::vector<std::vector<double>> fwd(kinds), fwd_nograd(kinds), bwd(kinds);
-    std::vector<double> embed, head_f, head_b;
+    std::vector<double> embed, head_f, head_b, graph(kinds, 0.0);
     const at::Tensor tokens = torch::randint(mc.vocab_size, {rows, T}, at::TensorOptions().dtype(at::kLong).device(dev));  // i64 [B,T]
     // Warm-up: at least o.warmup rounds and o.warmup_seconds (allocator, caches, clocks settle).
     double warm_s = 0, kept_s = 0;
@@ -154,6 +183,10 @@ result<layer_profile> profile_layers(const project_config& cfg, const llama_conf
           (void)decoder_layer(ctx, l, m.w.layers[k], x, 0, nullptr);
         });
         if (keep) fwd[k].push_back(tf), fwd_nograd[k].push_back(tn), bwd[k].push_back(tb);
+        if (round == warm) {  // once, warm: the graph one layer's forward keeps for its backward
+          at::Tensor again = x.detach().requires_grad_(true);
+          graph[k] = graph_bytes([&] { return decoder_layer(ctx, l, m.w.layers[k], again, 0, nullptr); });
+        }
       }
       at::Tensor h = (torch::randn({rows, T, mc.hidden_size}, opts)).requires_grad_(true), loss;  // [B,T,D]
       const double thf = timed(dev, [&] { loss = head_loss_sum(m.cfg, m.w.final_norm, m.w.lm_head, h, tokens); });
@@ -185,7 +218,10 @@ result<layer_profile> profile_layers(const project_config& cfg, const llama_conf
       for (auto d : spec.shape) n *= static_cast<double>(d);
       p.weight_bytes_per_layer += n * static_cast<double>(elem);
     }
-    p.graph_bytes_per_token = stash_bytes_per_layer(mc, 1, elem);
+    p.graph_bytes_per_token_model = stash_bytes_per_layer(mc, 1, T, elem, graph_targets_of(cfg.lora.targets));
+    double graph_sum = 0;
+    for (int64_t l = 0; l < mc.num_layers; ++l) graph_sum += graph[static_cast<size_t>(m.kind_of[static_cast<size_t>(l)])];
+    p.graph_bytes_per_token = graph_sum / static_cast<double>(mc.num_layers) / static_cast<double>(rows * T);
     p.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
     return p;
   } catch (const std::exception& e) {

@@ -24,8 +24,10 @@ struct layer_profile {
   std::string dtype;         // model.dtype
   int warmup = 0, repeats = 0;
   double seconds = 0;        // the profile's own wall time
-  // Per layer: frozen weight bytes, and autograd graph bytes per token (the memory plan's model).
-  double weight_bytes_per_layer = 0, graph_bytes_per_token = 0;
+  // Per layer: frozen weight bytes; autograd graph bytes per token, measured (what LibTorch's
+  // allocator keeps allocated after a layer's forward, less its output; the mean over the layers)
+  // and as the memory plan models them (stash_bytes_per_layer).
+  double weight_bytes_per_layer = 0, graph_bytes_per_token = 0, graph_bytes_per_token_model = 0;
 };
 
 struct profile_options {

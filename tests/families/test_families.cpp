@@ -22,6 +22,7 @@
 #include "core/model/tensor_io.h"
 #include "core/project/project.h"
 #include "core/runs/checkpoint.h"
+#include "core/train/layer_profile.h"
 #include "core/train/trainer.h"
 #include "tests/test_observer.h"
 #include "tests/test_paths.h"
@@ -282,6 +283,32 @@ TEST(FamilyConfig, PublishedCheckpointConfigs) {
   EXPECT_EQ(g3.attn_softcap, 0.0);
   EXPECT_EQ(g3.final_softcap, 0.0);
   EXPECT_TRUE(g3.qk_norm);
+}
+
+// The autograd graph one layer keeps, measured by the layer profiler through LibTorch's allocator,
+// is covered by the memory plan's model (the executor reserves the model's bytes per graph): short
+// of it a plan said to fit could run out of memory. Within reason above it, too.
+TEST_P(Family, MemoryPlanCoversTheMeasuredAutogradGraph) {
+  const auto fam = GetParam();
+  auto c = chat_project(fam, "graph");
+  c.parallel.devices = "cpu:2";
+  c.parallel.schedule = "1f1b";
+  c.parallel.micro_batches = 2;
+  const llama_config mc = load_llama_config(fs::path(c.model.path) / "config.json").value();
+  profile_options quick;
+  quick.warmup = quick.repeats = 1;
+  quick.warmup_seconds = quick.min_seconds = 0;
+  for (int64_t T : {32, 128}) {
+    c.data.seq_len = T;
+    auto p = profile_layers(c, mc, quick);
+    ASSERT_TRUE(p.ok()) << p.message();
+    EXPECT_GE(p->graph_bytes_per_token_model, 0.98 * p->graph_bytes_per_token) << fam << " at " << T << " tokens";
+    EXPECT_GE(p->graph_bytes_per_token, 0.6 * p->graph_bytes_per_token_model) << fam << " at " << T << " tokens";
+    std::printf("%s, %lld tokens: autograd graph per token and layer measured %.0f B, memory plan %.0f B (%+.1f%%)\n", fam.c_str(),
+                static_cast<long long>(T), p->graph_bytes_per_token, p->graph_bytes_per_token_model,
+                100 * (p->graph_bytes_per_token_model / p->graph_bytes_per_token - 1));
+  }
+  fs::remove_all(c.run.output_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Family, ::testing::ValuesIn(all_families),
