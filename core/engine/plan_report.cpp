@@ -75,7 +75,16 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);
     if (probe != nullptr) cfg = with_probed_bandwidth(cfg, *probe);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
-    const sim_costs costs = estimate_costs(r.prog, mc, cfg, predict);
+    LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
+    r.devices = std::move(facts);
+    LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available(),
+                                           cfg.distributed.processes > 1
+                                               ? rank_of_positions(static_cast<int64_t>(r.devices.size()), static_cast<int>(cfg.distributed.processes))
+                                               : std::vector<int>{}));
+    r.links = std::move(links);
+    sim_costs costs = estimate_costs(r.prog, mc, cfg, predict);
+    costs.direct = peer_links(r.links);  // the links the run will use: device to device, or paired (NCCL)
+    costs.rendezvous = nccl_links(r.links);
     r.sim = simulate(r.prog, costs);
     if (costs.host_compute_slots > 0)
       r.compute += fmt::format("; {} CPU virtual devices of {} thread(s) share the host's {} cores, {:g} computing at full speed at once",
@@ -87,13 +96,6 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.head_chunk_rows = head_chunk_rows(mc);
     r.head_working_bytes = head_working_bytes(mc, r.tokens_per_micro_batch);
     r.full_logits_bytes = 3 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // the same three f32 tensors, for every position
-    LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
-    r.devices = std::move(facts);
-    LP_TRY_ASSIGN(links, choose_transports(r.prog, r.devices, cfg.parallel.transport, gpu_peer_access, nccl_available(),
-                                           cfg.distributed.processes > 1
-                                               ? rank_of_positions(static_cast<int64_t>(r.devices.size()), static_cast<int>(cfg.distributed.processes))
-                                               : std::vector<int>{}));
-    r.links = std::move(links);
     if (cfg.offload.device_memory_mb > 0 && pipelined) {  // the limit is for pipeline devices (as check_project_memory)
       std::vector<std::string> names;
       for (const auto& f : r.devices) names.push_back(f.name);

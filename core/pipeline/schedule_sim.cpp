@@ -421,7 +421,12 @@ class sim_run {
     return any;
   }
 
-  // Host-staged: download on this device's engine, upload on the peer's.
+  bool direct(int32_t from, int32_t to) const {
+    return std::find(c_.direct.begin(), c_.direct.end(), std::make_pair(from, to)) != c_.direct.end();
+  }
+
+  // Host-staged: download on this device's engine, upload on the peer's. Direct: the download
+  // engine's one copy lands on the peer.
   bool send(int32_t d, const instr& in) {
     if (over_rendezvous(d, in)) return exchange(d, in);
     auto& ds = dev_[d];
@@ -429,9 +434,10 @@ class sim_run {
     const key local{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d};
     if (!has(local)) return false;
     const double down = transfer(act_, c_.d2h_bytes_per_s, c_.copy_latency_s);
-    const double t1 = copy(d, ds.d2h, false, std::max(ds.clock, ready_[local]), down).second;
+    const auto [t0, t1] = copy(d, ds.d2h, false, std::max(ds.clock, ready_[local]), down);
     ds.pending_free.push_back({t1, -act_, mem_kind::activations, -1, in.micro, t1});
-    ready_[{msg.kind, msg.boundary, in.micro, in.peer}] = t1;  // in host staging; the RECV uploads it
+    ready_[{msg.kind, msg.boundary, in.micro, in.peer}] = t1;  // in host staging (the RECV uploads it), or on the peer
+    if (direct(d, in.peer)) copy_start_[{msg.kind, msg.boundary, in.micro, in.peer}] = t0;
     return true;
   }
 
@@ -440,6 +446,13 @@ class sim_run {
     const auto msg = message_of(p_, in);
     const key mail{msg.kind, msg.boundary, in.micro, d};
     if (!has(mail)) return false;
+    if (direct(in.peer, d)) {  // already here: held from the copy's start
+      auto& ds = dev_[d];
+      ds.mem.push_back({copy_start_[mail], act_, mem_kind::activations, -1, in.micro, copy_start_[mail]});
+      ds.clock = std::max(ds.clock, ready_[mail]);
+      ready_[{msg.kind == 'A' ? 'a' : 'g', msg.boundary, in.micro, d}] = ds.clock;
+      return true;
+    }
     // The executor uploads a host-staged message once this device has begun the compute before
     // the RECV (from the start when there is none); the buffer is charged from that gate on.
     auto& ds = dev_[d];
@@ -558,7 +571,8 @@ class sim_run {
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
   const double act_;
   std::map<int32_t, std::set<int32_t>> ckpt_;  // forward stage -> boundaries it checkpoints
-  std::map<key, double> ready_;  // when an item becomes available
+  std::map<key, double> ready_;       // when an item becomes available
+  std::map<key, double> copy_start_;  // direct links: when the copy into the receiver began
   // Per (communicator, device): the NCCL operations it posted there and not yet moved, oldest first,
   // and when its last one moved.
   std::map<std::pair<comm_key, int32_t>, std::deque<nccl_op>> posted_;

@@ -55,6 +55,9 @@ struct sim_costs {
   // communicator's operations in order; past its buffer sizes a send waits for its receive). Other
   // links are mailboxes: a SEND never waits for its RECV.
   std::vector<std::pair<int32_t, int32_t>> rendezvous;
+  // Links (from, to) that copy device to device (P2P, parallel.transport peer): one transfer on the
+  // sender's download engine at its rate straight into the receiver, no host staging and no upload.
+  std::vector<std::pair<int32_t, int32_t>> direct;
   // How rendezvous links map to communicators: false = one per direction (what the executor makes);
   // true = one per pair of devices carrying both directions (one ncclCommInitAll communicator per
   // device gives this): then a device that sends before it receives from a peer doing the same

@@ -149,4 +149,11 @@ std::vector<std::pair<int32_t, int32_t>> nccl_links(const std::vector<link_trans
   return out;
 }
 
+std::vector<std::pair<int32_t, int32_t>> peer_links(const std::vector<link_transport>& links) {
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (const auto& l : links)
+    if (l.kind == transport_kind::peer) out.emplace_back(l.from, l.to);
+  return out;
+}
+
 }  // namespace lorapipe

@@ -47,6 +47,8 @@ result<std::vector<link_transport>> choose_transports(const program& p, const st
 // gives each of them its own two-rank communicator (one per direction), so a link's FIFO holds only
 // its sender's sends and its receiver's receives.
 std::vector<std::pair<int32_t, int32_t>> nccl_links(const std::vector<link_transport>& links);
+// The (from, to) pairs that copy device to device (sim_costs::direct).
+std::vector<std::pair<int32_t, int32_t>> peer_links(const std::vector<link_transport>& links);
 
 // "0->1 peer (same GPU); 1->0 host-staged (...)" for the log.
 std::string describe_transports(const std::vector<link_transport>& links, const std::vector<device_facts>& devices);
