@@ -246,8 +246,8 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   try {
     // Each rank number is taken once: a second process started as the same rank is refused here.
     if (p->store->add(claim_key(o.rank), 1) != 1)
-      return make_error("distributed: another process already joined the rendezvous at {}:{} as rank {}; give each process its own "
-                        "--rank", o.host, p->port, o.rank);
+      return make_error("distributed: another process already joined the rendezvous at {}:{} as rank {} (or an earlier start of "
+                        "this one: restart rank 0 too); give each process its own --rank", o.host, p->port, o.rank);
     p->store->set(host_key(o.rank), bytes_of(this_host()));  // before the hash: present once the hash is
     p->store->set(hash_key(o.rank), bytes_of(fmt::format("{} {}", o.world, o.config_hash)));  // the world size compared too
     LP_TRY(wait_for_ranks(*p->store, hashes, o.timeout, "arrive at the rendezvous", o.watch));

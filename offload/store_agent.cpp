@@ -83,13 +83,16 @@ void store_agent::run(std::function<void(c10d::TCPStore&)> job) {
         s->store.reset();  // a fresh connection next time (this one may be out of step)
         done->set_exception(std::current_exception());
       }
+      s->stuck = false;  // answered after all (a late answer: the jobs behind it run in order)
     });
   }
   s_->cv.notify_one();
-  if (answered.wait_for(s_->timeout + std::chrono::seconds(1)) != std::future_status::ready) {
+  // The deadline covers a job queued behind another (each may reconnect, then ask): 2 x timeout + 1 s.
+  const auto deadline = 2 * s_->timeout + std::chrono::seconds(1);
+  if (answered.wait_for(deadline) != std::future_status::ready) {
     s_->stuck = true;
     throw std::runtime_error(fmt::format("the rendezvous store at {}:{} did not answer within {:.1f} s", s_->host, s_->port,
-                                         std::chrono::duration<double>(s_->timeout).count() + 1));
+                                         std::chrono::duration<double>(deadline).count()));
   }
   answered.get();
 }

@@ -22,14 +22,14 @@ namespace lorapipe {
 class store_agent {
  public:
   // The connection (to host:port, with `timeout` for connecting and for the store's own waits) is
-  // made on first use and made again after an error; a request unanswered after timeout + 1 s
-  // leaves the agent stuck.
+  // made on first use and made again after an error; a request unanswered after 2 x timeout + 1 s
+  // leaves the agent stuck until that request is answered after all (if ever).
   store_agent(std::string host, uint16_t port, std::chrono::milliseconds timeout);
   ~store_agent();  // joins the thread, or lets it go when stuck (it holds what it uses)
   store_agent(const store_agent&) = delete;
   store_agent& operator=(const store_agent&) = delete;
 
-  // job(store) on the agent's thread. Throws std::runtime_error past the deadline (and at once once
+  // job(store) on the agent's thread. Throws std::runtime_error past the deadline (and at once while
   // stuck); rethrows what the job threw. The job must own what it captures: it may outlive the call.
   void run(std::function<void(c10d::TCPStore&)> job);
   template <class R>

@@ -113,15 +113,13 @@ int64_t epoch_sampler::at(int64_t cursor) {
 }
 
 uint64_t windows_fingerprint(const token_windows& w) {
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, a token (or a mask byte) at a time
   const size_t n = static_cast<size_t>(w.seq_len + 1);
   for (int64_t i = 0; i < w.size(); ++i) {
-    mix(w.window(i), n * sizeof(int32_t));
-    if (const uint8_t* m = w.window_mask(i)) mix(m, n);
+    const int32_t* t = w.window(i);
+    for (size_t k = 0; k < n; ++k) h = (h ^ static_cast<uint32_t>(t[k])) * 1099511628211ull;
+    if (const uint8_t* m = w.window_mask(i))
+      for (size_t k = 0; k < n; ++k) h = (h ^ m[k]) * 1099511628211ull;
   }
   return h;
 }

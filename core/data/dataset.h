@@ -43,11 +43,11 @@ struct text_dataset_options {
   size_t preview = 0;          // keep the ids of this many first documents (data inspection)
 };
 
-// Adds a length to a histogram of (upper bound, count) buckets at powers of two.
 // FNV-1a over every window's tokens and loss mask, in order: equal for equal training data (what
 // the ranks of a run over several processes compare before the first step).
 uint64_t windows_fingerprint(const token_windows& w);
 
+// Adds a length to a histogram of (upper bound, count) buckets at powers of two.
 void add_to_length_histogram(std::vector<std::pair<int64_t, int64_t>>& histogram, int64_t length);
 
 struct text_dataset {

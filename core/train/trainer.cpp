@@ -145,31 +145,34 @@ class trainer {
 
   // Several processes: every rank starts from the same step and data position and reads the same
   // training data (its fingerprint: a data file that differs on another host with as many sequences
-  // would train the last stages on other labels). Rank 0's values go to every rank; each says whether
-  // its own differ, so every rank refuses together, naming the ranks that differ.
+  // would train the last stages on other labels). Every rank's values go to every rank, so all refuse
+  // together, naming the ranks that differ and their values.
   status check_same_start() {
     if (opts_.group == nullptr) return ok_status();
     const uint64_t fp = windows_fingerprint(in_->data.train);
-    at::Tensor mine = torch::tensor({static_cast<double>(step_), static_cast<double>(cursor_), static_cast<double>(in_->data.train.size()),
-                                     static_cast<double>(fp >> 32), static_cast<double>(fp & 0xffffffffu)},
-                                    torch::kDouble);  // f64 [5], each exact
-    at::Tensor ref = mine.clone();
-    LP_TRY(opts_.group->broadcast(ref, 0));
-    at::Tensor differs = torch::zeros({opts_.group->world()}, torch::kDouble);  // f64 [world]
-    if (!torch::equal(ref, mine)) differs[rank()] = 1.0;
-    LP_TRY(opts_.group->all_reduce_sum(differs));
-    std::string who;
-    for (int r = 0; r < opts_.group->world(); ++r)
-      if (differs[r].item<double>() > 0) who += fmt::format("{}{}", who.empty() ? "" : ", ", r);
-    if (who.empty()) return ok_status();
-    const auto fmt_start = [](const at::Tensor& t) {
+    const int world = opts_.group->world();
+    at::Tensor rows = torch::zeros({world, 5}, torch::kDouble);  // f64 [world,5]: each rank fills its row, each value exact
+    rows[rank()] = torch::tensor({static_cast<double>(step_), static_cast<double>(cursor_), static_cast<double>(in_->data.train.size()),
+                                  static_cast<double>(fp >> 32), static_cast<double>(fp & 0xffffffffu)},
+                                 torch::kDouble);
+    LP_TRY(opts_.group->all_reduce_sum(rows));
+    const auto start_text = [&](int r) {
+      const at::Tensor t = rows[r];
       const uint64_t f = (static_cast<uint64_t>(t[3].item<double>()) << 32) | static_cast<uint64_t>(t[4].item<double>());
-      return fmt::format("step {}, data position {}, {} training sequences, data fingerprint {:016x}", static_cast<int64_t>(t[0].item<double>()),
-                         static_cast<int64_t>(t[1].item<double>()), static_cast<int64_t>(t[2].item<double>()), f);
+      return fmt::format("rank {}: step {}, data position {}, {} training sequences, data fingerprint {:016x}", r,
+                         static_cast<int64_t>(t[0].item<double>()), static_cast<int64_t>(t[1].item<double>()),
+                         static_cast<int64_t>(t[2].item<double>()), f);
     };
-    return make_error("distributed: rank(s) {} start from another point or read other training data than rank 0 (rank 0: {}; rank {}: {}); "
-                      "every rank must resume from the same checkpoint and read the same data",
-                      who, fmt_start(ref), rank(), fmt_start(mine));
+    std::string who, theirs;
+    for (int r = 1; r < world; ++r)
+      if (!torch::equal(rows[r], rows[0])) {
+        who += fmt::format("{}{}", who.empty() ? "" : ", ", r);
+        theirs += "; " + start_text(r);
+      }
+    if (who.empty()) return ok_status();
+    return make_error("distributed: rank(s) {} start from another point or read other training data than rank 0 ({}{}); every rank "
+                      "must resume from the same checkpoint and read the same data",
+                      who, start_text(0), theirs);
   }
 
   void gather() {
