@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -398,12 +399,46 @@ class trainer {
       memory_checked_ = true;
       std::vector<compute_device*> raw;
       for (auto& d : rig_.devices)
-        if (d) raw.push_back(d.get());  // several processes: each rank checks its own
-      for (const auto& w : memory_plan_warnings(raw)) obs_.on_event(log_event{log_event::level::warning, w});
+        if (d) raw.push_back(d.get());  // several processes: each rank checks its own, rank 0 reports them all
+      std::string mine;
+      for (const auto& w : memory_plan_warnings(raw)) {
+        obs_.on_event(log_event{log_event::level::warning, w});
+        mine += w + "\n";
+      }
+      LP_TRY(share_warnings(mine));
     }
     if (cfg_.run.trace_interval > 0 && (step_ + 1) % cfg_.run.trace_interval == 0)
       obs_.on_event(make_trace_event(rig_.executor->prog(), r, rig_.plan, step_ + 1));
-    return step_numbers{r.loss, r.grad_norm, std::vector<int64_t>(r.peak_bytes.begin(), r.peak_bytes.end())};
+    std::vector<int64_t> peaks(r.peak_bytes.begin(), r.peak_bytes.end());
+    LP_TRY(gather_peaks(peaks));
+    return step_numbers{r.loss, r.grad_norm, std::move(peaks)};
+  }
+
+  // Several processes: every device's arena peak of the step (each rank measures its own devices)
+  // reaches every rank, so rank 0's step event (the run database, the front-ends) has them all.
+  status gather_peaks(std::vector<int64_t>& peaks) {
+    if (opts_.group == nullptr) return ok_status();
+    at::Tensor all = torch::zeros({static_cast<int64_t>(peaks.size())}, torch::kDouble);  // f64 [devices]
+    for (size_t d = 0; d < peaks.size() && d < rig_.devices.size(); ++d)
+      if (rig_.devices[d]) all[static_cast<int64_t>(d)] = static_cast<double>(peaks[d]);
+    LP_TRY(opts_.group->all_reduce_sum(all));
+    for (size_t d = 0; d < peaks.size(); ++d) peaks[d] = static_cast<int64_t>(all[static_cast<int64_t>(d)].item<double>());
+    return ok_status();
+  }
+
+  // Several processes: the memory-plan warnings of the first step go to rank 0, which reports them
+  // as its own events (named by rank), so the run database keeps them whichever host they came from.
+  status share_warnings(const std::string& mine) {
+    if (opts_.group == nullptr) return ok_status();
+    if (rank() != 0) return opts_.group->store_set(fmt::format("warnings/{}", rank()), mine.empty() ? "-" : mine);
+    for (int r = 1; r < opts_.group->world(); ++r) {
+      LP_TRY_ASSIGN(text, opts_.group->store_get(fmt::format("warnings/{}", r)));
+      if (text == "-") continue;
+      std::istringstream lines(text);
+      for (std::string w; std::getline(lines, w);)
+        if (!w.empty()) obs_.on_event(log_event{log_event::level::warning, fmt::format("rank {}: {}", r, w)});
+    }
+    return ok_status();
   }
 
   result<step_numbers> single_step(double lr) {

@@ -2,7 +2,8 @@
 
 - `--processes 2` (1F1B on cpu:2) and `--processes 4` (round-robin on cpu:4): the loss of every step,
   every validation, the before/after samples and the saved adapter equal the one-process run of the
-  same project; with 1F1B rank 0 reads only the weights of its own stages.
+  same project; with 1F1B rank 0 reads only the weights of its own stages; rank 0's step events
+  carry every device's arena peak (the other ranks send theirs).
 - A rank SIGKILLed mid-run: rank 0 exits within the timeout with an error naming the rank, the run is
   recorded as failed, no process of the run is left, and `resume` continues it from its last
   checkpoint to the very adapter of the uninterrupted run; `resume --processes 1` continues it in
@@ -111,6 +112,13 @@ def same_as_one_process(cli, env, tmp, data, devices, schedule, processes):
     merged = lambda out: load_file(os.path.join(out, "merged", "model.safetensors"))
     mrel = max_rel(merged(os.path.join(tmp, f"many-{processes}")), merged(os.path.join(tmp, f"one-{processes}")))
     check(f"{label}: the merged export equals one process's (max rel {mrel:.1e})", mrel < 1e-4)
+    # Other ranks send their metrics to rank 0: every device's arena peak is in rank 0's step events
+    # (devices of other processes were 0 before), close to the one-process run's.
+    p1 = [e["device_peak_bytes"] for e in events(err1, "step")]
+    pn = [e["device_peak_bytes"] for e in events(errn, "step")]
+    check(f"{label}: rank 0's step events carry every device's peak",
+          len(pn) == 12 and all(len(x) == len(p1[0]) and all(v > 0 for v in x) for x in pn) and
+          all(abs(a - b) <= 0.1 * a for a, b in zip(p1[-1], pn[-1])), f"{p1[-1] if p1 else None} vs {pn[-1] if pn else None}")
     ev1, evn = [e["val_loss"] for e in events(err1, "eval")], [e["val_loss"] for e in events(errn, "eval")]
     vworst = max(abs(x - y) / abs(x) for x, y in zip(ev1, evn)) if ev1 and len(ev1) == len(evn) else float("inf")
     check(f"{label}: every validation equals one process's (worst {vworst:.1e})", len(ev1) == 4 and vworst < 1e-6, f"{ev1} vs {evn}")
