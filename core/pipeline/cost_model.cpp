@@ -288,7 +288,7 @@ memory_plan checked_memory_plan(const program& p, const llama_config& c, const p
 
 std::vector<int64_t> micro_batch_counts(int64_t batch_size, int64_t devices) {
   std::vector<int64_t> out, fewer;  // fewer: counts below the device count, weighed only when nothing else divides
-  for (int64_t m = 1; m <= std::min(batch_size, 4 * devices); ++m)
+  for (int64_t m = 1; m <= std::min(batch_size, 2 * devices); ++m)
     if (batch_size % m == 0) (m >= devices ? out : fewer).push_back(m);
   if (out.empty()) return fewer;
   // At most 6 (each is a partition search): the multiples of the device count first (every schedule

@@ -152,8 +152,9 @@ struct schedule_choice {
   int32_t micro_batches = 1;
   std::vector<schedule_candidate> candidates;  // feasible ones fastest first, then the others (the first is the choice)
 };
-// The micro-batch counts auto weighs: every divisor of run.batch_size from the device count up to 4 x
-// devices (more micro-batches: a smaller bubble and smaller activations, more per-micro-batch work);
+// The micro-batch counts auto weighs: every divisor of run.batch_size from the device count up to 2 x
+// devices (more micro-batches: a smaller bubble and smaller activations, more per-micro-batch work;
+// 4 x made planning 80 layers on 8 devices take minutes);
 // when none, the divisors below the device count (a batch smaller than the pipeline still trains).
 // At most 6: the multiples of the device count first, then the smallest others.
 std::vector<int64_t> micro_batch_counts(int64_t batch_size, int64_t devices);
