@@ -7,10 +7,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -30,6 +33,8 @@ std::string seen_key(int r) { return fmt::format("lorapipe/seen/{}", r); }
 std::string report_key(int r) { return fmt::format("lorapipe/report/{}", r); }
 std::string host_key(int r) { return fmt::format("lorapipe/host/{}", r); }
 std::string claim_key(int r) { return fmt::format("lorapipe/claim/{}", r); }
+std::string beat_key(int r) { return fmt::format("lorapipe/beat/{}", r); }
+std::string waits_key(int r) { return fmt::format("lorapipe/waits/{}", r); }
 std::string this_host() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "?";
@@ -75,35 +80,55 @@ struct process_group::work_handle {
   int peer = -1;
 };
 
-// This rank's progress report and the thread that publishes it (the newest text, coalesced).
+// This rank's progress report and the thread that publishes it (the newest text, coalesced), the
+// ranks its point-to-point calls wait on, and a heartbeat every beat_period while the rank lives.
+constexpr auto beat_period = std::chrono::milliseconds(250);
 struct progress_board {
   std::mutex mu;
   std::condition_variable cv;
   std::string context;
-  std::map<int, std::string> done;  // by device position
+  std::map<int, std::string> done;         // by device position
+  std::map<uint64_t, std::pair<int, std::string>> waits;  // by call: (rank, "receive from rank 2 (tag 1)")
+  uint64_t next_wait = 0;
   uint64_t version = 0;
   bool stop = false;
+  bool store_gone = false;  // a publish failed: rank 0's store is gone or frozen, nothing more is sent
   std::thread publisher;
 
-  std::string text() const {  // under mu: "step 8 of 12: cpu:1 completed B s1 m2; cpu:2 completed …"
+  std::string text() const {  // under mu: "step 8 of 12: cpu:1 completed B s1 m2; cpu:2 completed …; waiting: receive from rank 2 (tag 1)"
     std::string devs;
     for (const auto& [pos, what] : done) devs += fmt::format("{}{}", devs.empty() ? "" : "; ", what);
-    if (context.empty() || devs.empty()) return context + devs;
-    return context + ": " + devs;
+    std::string out = context.empty() || devs.empty() ? context + devs : context + ": " + devs;
+    for (const auto& [id, w] : waits) out += fmt::format("{}waiting: {}", out.empty() ? "" : "; ", w.second);
+    return out;
   }
-  void start(std::function<void(const std::string&)> publish) {
-    publisher = std::thread([this, publish = std::move(publish)] {
+  std::string waited_ranks() const {  // under mu: "2,3"
+    std::string out;
+    for (const auto& [id, w] : waits) out += fmt::format("{}{}", out.empty() ? "" : ",", w.first);
+    return out;
+  }
+  using publish_fn = std::function<void(const std::string& text, const std::string& waited)>;
+  void start(publish_fn publish, std::function<void()> beat) {
+    publisher = std::thread([this, publish = std::move(publish), beat = std::move(beat)] {
       uint64_t published = 0;
+      auto next_beat = std::chrono::steady_clock::now();
       std::unique_lock lock(mu);
       while (true) {
-        cv.wait(lock, [&] { return stop || version != published; });
+        cv.wait_until(lock, next_beat, [&] { return stop || version != published; });
         if (stop) return;
+        std::optional<std::pair<std::string, std::string>> t;
+        if (version != published) t.emplace(text(), waited_ranks());
         published = version;
-        const std::string t = text();
+        const bool due = std::chrono::steady_clock::now() >= next_beat;
+        if (due) next_beat = std::chrono::steady_clock::now() + beat_period;
         lock.unlock();
         try {
-          publish(t);
-        } catch (const std::exception&) {  // the store is gone (rank 0 died): the error reaches us elsewhere
+          if (t) publish(t->first, t->second);
+          if (due) beat();
+        } catch (const std::exception&) {  // the store is gone (rank 0 died): the error reaches us elsewhere.
+          lock.lock();                     // Each try would cost a reconnect's seconds (and hold halt()).
+          store_gone = true;
+          return;
         }
         lock.lock();
       }
@@ -124,6 +149,20 @@ struct progress_board {
   ~progress_board() { halt(); }
 };
 
+// A point-to-point call waiting on `rank`, on the board while it waits. A call that fails stays
+// there: the others' diagnosis then follows this rank to the one it was waiting on.
+class waiting_on {
+ public:
+  waiting_on(progress_board& b, int rank, std::string what) : b_(b) {
+    b_.update([&] { b_.waits[id_ = b_.next_wait++] = {rank, std::move(what)}; });
+  }
+  void succeeded() { b_.update([&] { b_.waits.erase(id_); }); }
+
+ private:
+  progress_board& b_;
+  uint64_t id_ = 0;
+};
+
 struct process_group::impl {
   rendezvous_options o;
   uint16_t port = 0;
@@ -137,6 +176,27 @@ struct process_group::impl {
   // there, not another distributed timeout or a recv that never returns (store_agent.h).
   std::unique_ptr<store_agent> agent;
   std::unique_ptr<progress_board> board;  // declared after the connections: its publisher stops before they go
+  bool failure_reported = false;
+
+  // The last report and waits, now (the publisher stopped first: nothing older lands after them).
+  void publish_final(const std::string& text) {
+    board->halt();
+    std::string waited;
+    {
+      std::lock_guard lock(board->mu);
+      if (board->store_gone) return;
+      waited = board->waited_ranks();
+    }
+    try {  // the check answers only after the store has taken the set (one connection, in order); the
+           // short-timeout connection, so an unresponsive rank 0 costs seconds here
+      agent->run([k = report_key(o.rank), w = waits_key(o.rank), waited, text](c10d::TCPStore& s) {
+        s.set(w, bytes_of(waited));
+        s.set(k, bytes_of(text));
+        (void)s.check({k});
+      });
+    } catch (const std::exception&) {  // rank 0's store is gone: nobody is left to tell
+    }
+  }
 
   std::string last_report(int r) const {
     try {
@@ -156,15 +216,122 @@ struct process_group::impl {
     }
     return out.empty() ? "" : before + out + after;
   }
+  // Why a point-to-point call with `peer` failed, when the cause may lie further along: from the
+  // peer, the ranks each one's calls wait on are followed (the waits every rank publishes) to the
+  // first that is not waiting on another rank. Liveness is judged from the heartbeats over up to
+  // beat_grace. The culprit is the first rank on the way that does not beat (killed, stopped, cut
+  // off) and reported no failure, or one alive and waiting on nobody (stuck or slow in its own work),
+  // or one that failed while waiting on nobody; ranks that wait on each other are a deadlock.
+  // Returns the lead of the error ("rank 2 does not respond …: ", or "" when nothing is known) and
+  // the ranks visited, whose reports the error quotes.
+  static constexpr auto beat_grace = std::chrono::milliseconds(2000);
+  struct diagnosis {
+    std::string lead;
+    std::vector<int> chain;
+  };
+  diagnosis diagnose(int peer) const {
+    diagnosis d;
+    d.chain.push_back(peer);
+    if (peer < 0 || peer >= o.world || peer == o.rank) return d;
+    const size_t n = static_cast<size_t>(o.world);
+    std::vector<bool> alive(n, false);
+    const auto waited = [&](int r) {  // "2,3" -> {2, 3}; malformed entries are skipped
+      std::vector<int> out;
+      const std::string t = agent->get<std::string>([k = waits_key(r)](c10d::TCPStore& s) { return s.check({k}) ? text_of(s.get(k)) : std::string(); });
+      for (size_t at = 0; at <= t.size();) {
+        const size_t comma = std::min(t.find(',', at), t.size());
+        int v = -1;
+        if (std::from_chars(t.data() + at, t.data() + comma, v).ec == std::errc() && v >= 0 && v < o.world) out.push_back(v);
+        at = comma + 1;
+      }
+      return out;
+    };
+    try {
+      const auto beats = [&](int r) { return agent->get<int64_t>([k = beat_key(r)](c10d::TCPStore& s) { return s.add(k, 0); }); };
+      std::vector<int64_t> first(n, 0);
+      alive[static_cast<size_t>(o.rank)] = true;
+      for (int r = 0; r < o.world; ++r)
+        if (r != o.rank) first[static_cast<size_t>(r)] = beats(r);
+      const auto end = std::chrono::steady_clock::now() + beat_grace;
+      while (std::count(alive.begin(), alive.end(), false) > 0 && std::chrono::steady_clock::now() < end) {
+        std::this_thread::sleep_for(beat_period / 2);
+        for (int r = 0; r < o.world; ++r)
+          if (!alive[static_cast<size_t>(r)]) alive[static_cast<size_t>(r)] = beats(r) != first[static_cast<size_t>(r)];
+      }
+      const double grace_s = std::chrono::duration<double>(beat_grace).count();
+      const auto failed = [&](int r) { return last_report(r).rfind("failed:", 0) == 0; };
+      const auto left = [&](int r) { return !alive[static_cast<size_t>(r)] && last_report(r).rfind("left the group", 0) == 0; };
+      const auto seen = [&](int r) { return r == o.rank || std::find(d.chain.begin(), d.chain.end(), r) != d.chain.end(); };
+      const auto quiet = [&](int r) { return !alive[static_cast<size_t>(r)] && !failed(r); };  // includes those that left
+      for (int x = peer;;) {
+        if (left(x)) {
+          d.lead = fmt::format("rank {} left the group without reporting a failure (it finished its program, or ended by an exception; "
+                               "a rank still waiting on it means the programs do not match): ", x);
+          break;
+        }
+        if (quiet(x)) {
+          d.lead = fmt::format("rank {} does not respond (no heartbeat for {:.1f} s: killed, stopped or cut off): ", x, grace_s);
+          break;
+        }
+        std::vector<int> next = waited(x);
+        // Follow a rank that does not respond first, then one not seen yet.
+        std::stable_partition(next.begin(), next.end(), [&](int r) { return quiet(r); });
+        // A rank that failed waiting on another (its waits are those of its last moment) failed
+        // because of it, most likely: that one is followed. Otherwise its own error (quoted) says why.
+        if (failed(x)) {
+          const auto q = std::find_if(next.begin(), next.end(), [&](int r) { return !seen(r); });
+          if (q == next.end()) {
+            d.lead = fmt::format("rank {} failed: ", x);
+            break;
+          }
+          d.chain.push_back(*q);
+          x = *q;
+          continue;
+        }
+        if (next.empty()) {
+          d.lead = fmt::format("rank {} is alive and not waiting on another rank's send or receive (stuck or slow in its own work, or in a "
+                               "collective): ", x);
+          break;
+        }
+        const auto fresh = std::find_if(next.begin(), next.end(), [&](int r) { return !seen(r); });
+        if (fresh == next.end()) {
+          const int y = next.front();
+          if (y == o.rank) {
+            d.lead = fmt::format("rank {} waits on rank {} in turn (a deadlock, or a device thread or copy of rank {} is stuck): ", x, o.rank,
+                                 o.rank);
+          } else {
+            std::string ranks;
+            for (int r : d.chain) ranks += fmt::format("{}, ", r);
+            d.lead = fmt::format("ranks {}{} wait on each other (a deadlock: their programs may not match): ", ranks, y);
+          }
+          break;
+        }
+        d.chain.push_back(*fresh);
+        x = *fresh;
+      }
+    } catch (const std::exception&) {  // a store call failed or missed its deadline
+      if (o.rank != 0) d.lead = "rank 0 does not respond (its rendezvous store does not answer): ";
+    }
+    return d;
+  }
+  // The error of a point-to-point call with `peer` (diagnosed) or of a collective (peer -1).
+  status call_error(const std::string& text, int peer) const {
+    if (peer < 0) return make_error("distributed: rank {}: {}", o.rank, text);
+    const diagnosis d = diagnose(peer);
+    return make_error("distributed: {}rank {}: {}{}", d.lead, o.rank, text, reports_of(d.chain));
+  }
   status failed(const std::string& what, const std::exception& e, int peer = -1) const {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);  // c10d appends a C++ trace
-    return make_error("distributed: rank {}: {} failed: {}{}", o.rank, what, msg, reports_of({peer}));
+    return call_error(fmt::format("{} failed: {}", what, msg), peer);
   }
-  status wait(const std::string& what, c10d::Work& w, int peer = -1) const {
+  // Waits for a call; one with `peer` stands on the board as waiting on it meanwhile (`on`: since
+  // before it was posted, as a post to a closed connection fails at once).
+  status wait(const std::string& what, c10d::Work& w, int peer = -1, std::optional<waiting_on> on = std::nullopt) const {
+    if (peer >= 0 && !on) on.emplace(*board, peer, what);
     try {
-      if (!w.wait(o.timeout))
-        return make_error("distributed: rank {}: {} timed out after {} s{}", o.rank, what, o.timeout.count() / 1000.0, reports_of({peer}));
+      if (!w.wait(o.timeout)) return call_error(fmt::format("{} timed out after {} s", what, o.timeout.count() / 1000.0), peer);
+      if (on) on->succeeded();
       return ok_status();
     } catch (const std::exception& e) {
       return failed(what, e, peer);
@@ -173,13 +340,15 @@ struct process_group::impl {
   // Runs one c10d call and waits for it; exceptions become errors naming `what` (and the peer's report).
   template <class F>
   status run(const std::string& what, F&& make_work, int peer = -1) {
+    std::optional<waiting_on> on;
+    if (peer >= 0) on.emplace(*board, peer, what);
     c10::intrusive_ptr<c10d::Work> w;
     try {
       w = make_work();
     } catch (const std::exception& e) {
       return failed(what, e, peer);
     }
-    return wait(what, *w, peer);
+    return wait(what, *w, peer, std::move(on));
   }
 
   // A collective over every rank; when it fails, the ranks that are gone are named: each survivor
@@ -293,14 +462,30 @@ result<std::unique_ptr<process_group>> process_group::join(const rendezvous_opti
   // Reports go over the short-timeout connection too: in order with report_failure's, and a slow
   // rank 0 holds the publisher (not a training thread) for seconds at most.
   p->agent = std::make_unique<store_agent>(o.host, p->port, std::min<std::chrono::milliseconds>(o.timeout, std::chrono::milliseconds(2000)));
-  p->board->start([agent = p->agent.get(), k = report_key(o.rank)](const std::string& t) {
-    agent->run([k, t](c10d::TCPStore& s) { s.set(k, bytes_of(t)); });
-  });
+  p->board->start(
+      [agent = p->agent.get(), r = o.rank](const std::string& text, const std::string& waited) {
+        agent->run([k = report_key(r), w = waits_key(r), text, waited](c10d::TCPStore& s) {
+          s.set(w, bytes_of(waited));
+          s.set(k, bytes_of(text));
+        });
+      },
+      [agent = p->agent.get(), k = beat_key(o.rank)] { agent->run([k](c10d::TCPStore& s) { s.add(k, 1); }); });
   return std::unique_ptr<process_group>(new process_group(std::move(p)));
 }
 
 process_group::process_group(std::unique_ptr<impl> p) : p_(std::move(p)) {}
-process_group::~process_group() = default;
+// Leaving without a failure reported says so, with what it did last: a rank still waiting on this
+// one is then told it left (finished, or ended by an exception), not that it stopped responding.
+process_group::~process_group() {
+  if (p_ != nullptr && !p_->failure_reported) {
+    std::string text;
+    {
+      std::lock_guard lock(p_->board->mu);
+      text = p_->board->text();
+    }
+    p_->publish_final(text.empty() ? "left the group" : "left the group after: " + text);
+  }
+}
 int process_group::rank() const { return p_->o.rank; }
 int process_group::world() const { return p_->o.world; }
 bool process_group::same_host(int rank) const {
@@ -312,10 +497,12 @@ result<process_group::pending_send> process_group::isend(const at::Tensor& t, in
   auto w = std::make_shared<work_handle>();
   w->keep = t.contiguous();
   std::string what = fmt::format("send to rank {} (tag {})", to, tag);
+  waiting_on posting(*p_->board, to, what);  // pending_send::wait stands there again while it waits
   try {
     std::vector<at::Tensor> v{w->keep};
     w->peer = to;
     w->work = p_->pg->send(v, to, tag);
+    posting.succeeded();
     if (to >= 0 && to < p_->o.world) p_->sent[static_cast<size_t>(to)] += w->keep.numel() * w->keep.element_size();
   } catch (const std::exception& e) {
     return p_->failed(what, e, to).err();
@@ -383,16 +570,8 @@ std::string process_group::last_report(int rank) { return p_->last_report(rank);
 void process_group::report_failure(const std::string& message) {
   std::string text = "failed: " + message;
   if (text.size() > 2000) text.resize(2000);
-  p_->board->halt();  // no older report can land after this one (the publisher's last set has returned)
-  try {  // now, not by the publisher: the process may exit next. The check answers only after the
-         // store has taken the set (one connection, in order); the short-timeout one, so an
-         // unresponsive rank 0 costs seconds here, not another distributed timeout.
-    p_->agent->run([k = report_key(p_->o.rank), text](c10d::TCPStore& s) {
-      s.set(k, bytes_of(text));
-      (void)s.check({k});
-    });
-  } catch (const std::exception&) {  // rank 0's store is gone: nobody is left to tell
-  }
+  p_->failure_reported = true;
+  p_->publish_final(text);  // now, not by the publisher: the process may exit next
 }
 
 status process_group::store_set(const std::string& key, const std::string& value) {

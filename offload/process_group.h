@@ -70,9 +70,13 @@ class process_group {
 
   // What this rank has done, for the others' errors should it die or hang: the context (set by the
   // trainer: "training step 8 of 12") and, per device position, the last instruction it completed.
-  // A background thread publishes it to the store (never blocking the caller); a call that fails
-  // naming a rank appends that rank's last report ("rank 1 last reported: step 8 of 12: cpu:1
-  // completed B s1 m2").
+  // A background thread publishes it to the store (never blocking the caller) with the ranks this
+  // rank's calls wait on and a heartbeat every 0.25 s; a call that fails naming a rank appends that
+  // rank's last report ("rank 1 last reported: step 8 of 12: cpu:1 completed B s1 m2; waiting:
+  // receive from rank 2 (tag 5)"). A failed point-to-point call follows the waits from its peer to
+  // the rank at the root and leads with it: "rank 2 does not respond (no heartbeat …)", "rank 2 is
+  // alive and not waiting on another rank's send or receive …", "rank 2 failed: ", "rank 2 left the
+  // group …" (closed without reporting a failure: the destructor says so), or ranks waiting on each other.
   void report_context(const std::string& context);
   void report_done(int position, const std::string& what);
   std::string last_report(int rank);  // "" when it reported nothing or the store is gone

@@ -4,6 +4,9 @@
 //             all-reduce (rank+1); receive rank 0's broadcast; send it back.
 //   ring:     send a tensor filled with its rank to rank+1, receive rank-1's, check it; all-reduce.
 //   hang:     join, then sleep (the test kills it, or lets rank 0's receive time out).
+//   relay:    rank r receives from rank r+1 (tag 1) and passes it on to rank r-1, reporting a failure
+//             as the trainer does; the last rank hangs (a chain whose end the test stops or leaves).
+//   relay-leave: as relay, but the last rank leaves the group at once, sending nothing.
 // Exit: 0 done, 2 join refused (message on stderr), 3 a check failed, 4 a call failed.
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -37,11 +40,23 @@ int main(int argc, char** argv) {
   if (!pg.ok()) return fail(2, pg.message());
   auto& g = **pg;
   const int r = g.rank(), w = g.world();
-  if (mode == "hang") {  // after saying what it did last (the others' errors name it)
+  if (mode == "hang" || (mode == "relay" && r == w - 1)) {  // after saying what it did last (the others' errors name it)
     g.report_context(fmt::format("hanging as asked (rank {})", r));
     g.report_done(0, fmt::format("cpu:{} completed F s0 m1", r));
     std::this_thread::sleep_for(std::chrono::hours(1));
     return 0;
+  }
+  if (mode == "relay-leave" && r == w - 1) {  // closes its process group normally, sending nothing
+    g.report_context(fmt::format("leaving as asked (rank {})", r));
+    g.report_done(0, fmt::format("cpu:{} completed F s0 m1", r));
+    return 0;
+  }
+  if (mode == "relay" || mode == "relay-leave") {
+    auto x = torch::empty({16});  // f32 [16]
+    auto st = g.recv(x, r + 1, 1);
+    if (st.ok()) st = g.send(x, r - 1, 1);
+    if (!st.ok()) g.report_failure(st.message());
+    return st.ok() ? 0 : fail(4, st.message());
   }
   if (mode == "exchange") {
     auto x = torch::empty({4, 1024});  // f32 [4,1024]

@@ -232,6 +232,61 @@ TEST(ProcessGroup, AStoppedRankZeroIsNamedWithinTheTimeoutAndSeconds) {
   EXPECT_LT(took_down, 3.0);
 }
 
+// Three ranks in a chain: rank 0 receives from rank 1, which receives from rank 2. Rank 0's call
+// times out on rank 1, but the cause is rank 2: the error leads with it, found by following the
+// ranks each one waits on, whether rank 2 was stopped (no heartbeat) or is alive and stuck.
+namespace {
+enum class chain_end { stopped, stuck, left };
+std::string chain_error(chain_end end) {
+  world_of w(end == chain_end::left ? "relay-leave" : "relay", 3, 3000);
+  if (!w.rank0.ok()) return "join: " + w.rank0.message();
+  if (end != chain_end::left && await_report(**w.rank0, 2).empty()) return "rank 2 never reported";
+  if (end == chain_end::stopped && ::kill(w.peers[1]->pid(), SIGSTOP) != 0) return "SIGSTOP failed";
+  auto [s, took] = timed_recv_from_1(**w.rank0);
+  std::printf("chain, rank 2 %s, after %.2f s: %s\n", end == chain_end::stopped ? "stopped" : end == chain_end::stuck ? "stuck" : "left", took,
+              s.message().c_str());
+  if (end == chain_end::stopped) ::kill(w.peers[1]->pid(), SIGCONT);
+  EXPECT_LT(took, 3.0 + 2.0 + 8.0);  // the timeout, the heartbeat grace, a wide margin
+  EXPECT_EQ(w.peers[0]->wait(std::chrono::seconds(20)).value_or(-1000), 4) << w.peers[0]->stderr_text();  // rank 1 failed too
+  if (end == chain_end::left) {
+    EXPECT_EQ(w.peers[1]->wait(std::chrono::seconds(20)).value_or(-1000), 0) << w.peers[1]->stderr_text();
+  }
+  return s.ok() ? "no error" : s.message();
+}
+}  // namespace
+
+TEST(ProcessGroup, AStoppedRankFurtherAlongIsNamedNotTheNeighbour) {
+  const std::string e = chain_error(chain_end::stopped);
+  EXPECT_EQ(e.rfind("distributed: rank 2 does not respond (no heartbeat for 2.0 s", 0), 0) << e;
+  // Rank 0's own call timed out, or failed when rank 1 gave up first (it waited longer): either way.
+  EXPECT_NE(e.find("rank 0: receive from rank 1 (tag 1) "), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 2 last reported: hanging as asked (rank 2): cpu:2 completed F s0 m1"), std::string::npos) << e;
+  EXPECT_EQ(e.find("rank 1 does not"), std::string::npos) << e;
+}
+
+TEST(ProcessGroup, AStuckRankFurtherAlongIsNamedNotTheNeighbour) {
+  const std::string e = chain_error(chain_end::stuck);
+  EXPECT_EQ(e.rfind("distributed: rank 2 is alive and not waiting on another rank's send or receive", 0), 0) << e;
+  // What rank 1 was doing: still waiting on rank 2, or its own failure doing so (a race either way).
+  const auto r1 = e.find("rank 1 last reported: ");
+  ASSERT_NE(r1, std::string::npos) << e;
+  EXPECT_NE(e.find("receive from rank 2 (tag 1)", r1), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 2 last reported: hanging as asked (rank 2)"), std::string::npos) << e;
+}
+
+// The end of the chain closes its process group without a failure (as a rank whose program ended
+// does): it is named as having left, with what it did last, not as unresponsive.
+TEST(ProcessGroup, ARankThatLeftFurtherAlongIsNamedAsLeft) {
+  const std::string e = chain_error(chain_end::left);
+  EXPECT_EQ(e.rfind("distributed: rank 2 left the group without reporting a failure", 0), 0) << e;
+  EXPECT_NE(e.find("rank 2 last reported: left the group after: leaving as asked (rank 2): cpu:2 completed F s0 m1"), std::string::npos) << e;
+  // What rank 1 was doing: waiting on rank 2, or its own failure doing so (whichever came first).
+  const auto r1 = e.find("rank 1 last reported: ");
+  ASSERT_NE(r1, std::string::npos) << e;
+  EXPECT_NE(e.find("receive from rank 2 (tag 1)", r1), std::string::npos) << e;
+  EXPECT_EQ(e.find("does not respond"), std::string::npos) << e;
+}
+
 // Two processes started as rank 1: the second is refused at once, naming the rank; a rank started
 // for another world size is refused by rank 0, naming both sizes.
 TEST(ProcessGroup, ARankTakenTwiceOrAnotherWorldSizeIsRefused) {
