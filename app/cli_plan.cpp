@@ -226,7 +226,9 @@ int cmd_plan(const plan_args& a) {
     if (!out) return cli_fail(out.message());
     probed = std::move(*out);
   }
-  const device_inventory* inv = probed ? &probed->inventory : nullptr;
+  // Without a probe, GPUs are bounded by what they have free now, as `train` will choose.
+  const auto gpu_memory = probed ? std::nullopt : gpu_memory_inventory(*p);
+  const device_inventory* inv = probed ? &probed->inventory : gpu_memory ? &*gpu_memory : nullptr;
   std::optional<profile_outcome> profiled;
   if (a.profile > 0) {
     auto mc = project_model_config(*p);
@@ -250,7 +252,7 @@ int cmd_plan(const plan_args& a) {
   const auto faster = rep->offload_auto.weighed ? std::vector<what_if_answer>{}
                                                 : faster_offload_settings(with_plan_choices(*p, *rep), base, a.gflops, inv, rep->measured);
   std::optional<device_order_answer> order;
-  if (inv != nullptr) order = plan_device_order(*p, *rep, a.gflops, *inv);
+  if (probed) order = plan_device_order(*p, *rep, a.gflops, *inv);
   const plan_inputs in{a, *p, *rep, probed, profiled, fit, answers, faster, order};
   if (a.json) print_plan_json(in);
   else print_plan_text(in);

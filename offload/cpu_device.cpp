@@ -130,6 +130,22 @@ status enable_nccl(const std::vector<compute_device*>& devices, const std::vecto
 }
 
 
+result<std::vector<size_t>> gpu_device_budgets(const std::string& spec) {
+  LP_TRY_ASSIGN(ds, parse_device_spec(spec));
+  if (ds.gpus.empty()) return std::vector<size_t>{};
+#ifdef LORAPIPE_HAS_CUDA
+  std::map<int, size_t> free_b;
+  for (int g : ds.gpus)
+    if (!free_b.count(g)) {
+      LP_TRY_ASSIGN(f, cuda_free_bytes(g));
+      free_b[g] = f;
+    }
+  return split_gpu_memory(ds.gpus, [&](int g) { return free_b.at(g); }, 0.9);
+#else
+  return std::vector<size_t>{};
+#endif
+}
+
 result<std::vector<device_facts>> describe_devices(const std::string& spec) {
   LP_TRY_ASSIGN(ds, parse_device_spec(spec));
   std::vector<device_facts> out;

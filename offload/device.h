@@ -186,6 +186,10 @@ class cpu_device final : public compute_device {
 result<std::vector<std::unique_ptr<compute_device>>> make_devices(const std::string& spec, const cpu_device_options& o,
                                                                   const std::vector<bool>& here = {},
                                                                   const std::vector<bool>& on_this_host = {});
+// What make_devices gives each GPU device of `spec` when no capacity is set, without creating
+// any: 90% of each GPU's free memory now, split between the devices on it (all taken as on this
+// machine). Empty for CPU virtual devices (unbounded) and in a build without CUDA.
+result<std::vector<size_t>> gpu_device_budgets(const std::string& spec);
 // The devices a spec names (names as the devices will have, GPU ordinals) without creating them.
 result<std::vector<device_facts>> describe_devices(const std::string& spec);
 // What choose_transports needs to know of each device (name, GPU ordinal).

@@ -181,6 +181,51 @@ TEST(PlanQuestions, LargestFitFitsAndOneMoreIsRefused) {
   EXPECT_TRUE(check_project_memory(one).ok());
 }
 
+// Without offload.device_memory_mb, a GPU's measured memory bounds what auto chooses (before, the
+// choice ignored it and the executor refused the run at its first step): the choice under a probed
+// capacity is the one under the same explicit limit, it fits, and nothing fitting is an error.
+TEST(PlanQuestions, AProbedGpuMemoryBoundsTheChoice) {
+  project_config c = stories_pipeline();
+  c.parallel.schedule = c.parallel.partition = "auto";
+  const auto free = make_plan(c, 100);
+  ASSERT_TRUE(free.ok()) << free.message();
+  EXPECT_EQ(free->memory_bound_mb, 0);
+  const auto peak_of = [](const plan_report& r) {
+    double p = 0;
+    for (const auto& d : r.memory.devices) p = std::max(p, static_cast<double>(d.peak_bytes));
+    return static_cast<size_t>(p);
+  };
+  size_t least = SIZE_MAX;
+  for (const auto& k : free->schedule_candidates)
+    if (k.ok) least = std::min(least, static_cast<size_t>(k.peak_bytes));
+  const size_t chosen = peak_of(*free);
+  ASSERT_LT(least, chosen) << "the test needs a candidate smaller than the unbounded choice";
+  device_inventory probed;
+  probed.devices.resize(2);
+  for (auto& d : probed.devices) d.gpu = 0, d.capacity_bytes = (least + chosen) / 2;
+  const auto bounded = make_plan(c, 100, &probed);
+  ASSERT_TRUE(bounded.ok()) << bounded.message();
+  EXPECT_NEAR(bounded->memory_bound_mb, static_cast<double>((least + chosen) / 2) / 1048576.0, 1e-9);
+  EXPECT_LE(peak_of(*bounded), (least + chosen) / 2);
+  EXPECT_EQ(bounded->memory_refusal, "");
+  // (so the choice changed: the unbounded one peaks at `chosen`, above the bound)
+  project_config limited = c;
+  limited.offload.device_memory_mb = bounded->memory_bound_mb;
+  const auto explicit_limit = make_plan(limited, 100);
+  ASSERT_TRUE(explicit_limit.ok()) << explicit_limit.message();
+  EXPECT_EQ(explicit_limit->schedule, bounded->schedule);
+  EXPECT_EQ(explicit_limit->prog.micro_batches, bounded->prog.micro_batches);
+  EXPECT_EQ(explicit_limit->partition.sizes, bounded->partition.sizes);
+  // Less than any candidate needs: no plan, and the error says so.
+  for (auto& d : probed.devices) d.capacity_bytes = least / 4;
+  const auto none = make_plan(c, 100, &probed);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.message().find("found no pipeline for 2 devices that fits"), std::string::npos) << none.message();
+  // CPU virtual devices without a limit stay unbounded (their probed capacity is a stand-in).
+  for (auto& d : probed.devices) d.gpu = -1;
+  EXPECT_EQ(make_plan(c, 100, &probed)->memory_bound_mb, 0);
+}
+
 TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("lp_write_{}", ::getpid());
   fs::create_directories(dir);

@@ -307,9 +307,13 @@ void PlanPage::replan() {
         sets[k].values.push_back(bytes / 1048576.0);
       }
     }
-    const double cap = cfg_.offload.device_memory_mb > 0 ? cfg_.offload.device_memory_mb : -1;
-    memory_->setBars(cats, sets, true, tr("device"), tr("MiB"), cap, tr("capacity %1 MiB").arg(cap));
-    memory_->chart()->setTitle(cap > 0 ? tr("Memory per device at its peak") : tr("Memory per device at its peak (capacity not limited: offload.device_memory_mb = 0)"));
+    const double cap = p.memory_bound_mb > 0 ? p.memory_bound_mb : -1;  // offload.device_memory_mb, or the GPUs'
+    memory_->setBars(cats, sets, true, tr("device"), tr("MiB"), cap, tr("capacity %1 MiB").arg(cap, 0, cap >= 100 ? 'f' : 'g', cap >= 100 ? 0 : 3));
+    const bool gpus = QString::fromStdString(cfg_.parallel.devices).startsWith("cuda");
+    memory_->chart()->setTitle(cap > 0  ? tr("Memory per device at its peak")
+                               : gpus ? tr("Memory per device at its peak (GPU memory not read here: train fits 90% of each GPU's free memory; "
+                                           "set offload.device_memory_mb to plan with a limit)")
+                                      : tr("Memory per device at its peak (capacity not limited: offload.device_memory_mb = 0)"));
     std::vector<QStringList> link_rows;
     for (const auto& l : p.links)
       link_rows.push_back({QString::fromStdString(p.devices[l.from].name) + " → " + QString::fromStdString(p.devices[l.to].name),

@@ -49,6 +49,23 @@ result<probe_outcome> probe_project_devices(const project_config& cfg, const pro
   return out;
 }
 
+std::optional<device_inventory> gpu_memory_inventory(const project_config& cfg) {
+  if (cfg.distributed.processes > 1) return std::nullopt;  // every rank must choose alike, and other hosts' GPUs are not seen here
+  auto budgets = gpu_device_budgets(cfg.parallel.devices);
+  auto facts = describe_devices(cfg.parallel.devices);
+  if (!budgets || !facts || budgets->empty() || budgets->size() != facts->size()) return std::nullopt;
+  device_inventory inv;
+  for (size_t i = 0; i < facts->size(); ++i) {
+    probed_device d;
+    d.name = (*facts)[i].name;
+    d.kind = "cuda";
+    d.gpu = (*facts)[i].gpu;
+    d.capacity_bytes = (*budgets)[i];
+    inv.devices.push_back(std::move(d));
+  }
+  return inv;
+}
+
 double cross_mapping_score(const std::vector<int>& order, const std::vector<std::vector<double>>& share) {
   double score = 0;
   for (size_t i = 0; i < order.size(); ++i)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ std::filesystem::path default_probe_cache_dir();
 // Devices a probe abandoned with a copy in flight are not destroyed (their engine thread may still
 // be blocked in a driver); they are left behind deliberately, and reported in the inventory.
 result<probe_outcome> probe_project_devices(const project_config& cfg, const probe_request& req);
+// The project's GPU devices with what each will reserve (gpu_device_budgets: 90% of the GPU's free
+// memory now, split between the devices on it) and nothing measured: what bounds the planner's
+// choices when offload.device_memory_mb is 0, as a probe's capacities would. Read by `train` and
+// `plan` (never by the GUI, which keeps CUDA out of its process: a context there would hold GPU memory
+// the training process needs). nullopt for CPU virtual devices, without CUDA, when unreadable, and
+// over several processes (every rank must choose alike, and other hosts' GPUs are not seen here:
+// set offload.device_memory_mb there).
+std::optional<device_inventory> gpu_memory_inventory(const project_config& cfg);
 // The project as the planner should cost it on the probed devices: offload.copy_gbps becomes the
 // slowest copy rate measured with all devices copying at once (both directions), so the simulator's
 // copies take what the hardware gives (CUDA devices otherwise plan with free copies). Where devices

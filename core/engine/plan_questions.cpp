@@ -270,7 +270,14 @@ std::vector<size_t> project_capacity(const project_config& cfg, const device_inv
 
 result<fit_limits> largest_fit(const project_config& cfg_in, const std::vector<size_t>& capacity) {
   fit_limits f;
-  LP_TRY_ASSIGN(cfg, resolve_project_schedule(cfg_in));
+  // The choices fit the capacities given (no GPU is read here: the GUI asks too).
+  project_config bounded = cfg_in;
+  size_t low = 0;
+  for (size_t c : capacity)
+    if (c > 0) low = low == 0 ? c : std::min(low, c);
+  if (bounded.offload.device_memory_mb <= 0) bounded.offload.device_memory_mb = static_cast<double>(low) / 1048576.0;
+  LP_TRY_ASSIGN(cfg, resolve_project_schedule(bounded, nullptr));
+  cfg.offload.device_memory_mb = cfg_in.offload.device_memory_mb;
   f.rows_per_micro_batch = cfg.parallel.schedule == "single" ? cfg.run.batch_size : cfg.run.batch_size / cfg.parallel.micro_batches;
   if (cfg.parallel.schedule == "single") {
     f.note = "one device without a pipeline: its memory is not planned";

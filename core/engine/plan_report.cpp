@@ -8,6 +8,7 @@
 
 #include "core/engine/compute_profile.h"
 #include "core/engine/device_inventory.h"
+#include "core/engine/plan_questions.h"
 
 #include "core/model/llama_model.h"
 #include "core/pipeline/cost_model.h"
@@ -28,9 +29,52 @@ result<llama_config> project_model_config(const project_config& cfg) {
   }
 }
 
-result<project_config> resolve_project_schedule(const project_config& cfg) {
+namespace {
+
+// The memory bound the planner's choices must fit, in MiB: offload.device_memory_mb when set; else
+// on GPUs what each pipeline device will reserve (the probe's capacities), the smallest of them;
+// 0 = unbounded (CPU virtual devices without a limit, GPUs without a probe).
+double choice_bound_mb(const project_config& cfg, const device_inventory* probe) {
+  if (cfg.offload.device_memory_mb > 0 || device_count(cfg.parallel.devices) <= 1 || probe == nullptr) return cfg.offload.device_memory_mb;
+  size_t low = 0;
+  for (size_t c : project_capacity(cfg, probe))
+    if (c > 0) low = low == 0 ? c : std::min(low, c);
+  return static_cast<double>(low) / 1048576.0;
+}
+
+project_config with_bound(const project_config& cfg, double mb) {
+  project_config c = cfg;
+  c.offload.device_memory_mb = mb;
+  return c;
+}
+
+// The planner words a bound as offload.device_memory_mb; one the GPUs gave is named as such.
+std::string bound_named(std::string text, const project_config& cfg, double bound_mb) {
+  if (cfg.offload.device_memory_mb > 0 || bound_mb <= 0) return text;
+  const std::string from = "offload.device_memory_mb is", to = "the GPU devices' memory (90% of what was free) is";
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) text.replace(at, from.size(), to);
+  return text;
+}
+
+}  // namespace
+
+result<project_config> resolve_project_schedule(const project_config& cfg, const device_inventory* gpus) {
   LP_TRY_ASSIGN(mc, project_model_config(cfg));
-  return resolve_auto_schedule(cfg, mc, project_compute_rates(cfg, mc));
+  // Chosen to fit the GPUs' memory even when the project sets no limit; recorded as set.
+  const double bound_mb = choice_bound_mb(cfg, gpus);
+  auto out = resolve_auto_schedule(with_bound(cfg, bound_mb), mc, project_compute_rates(cfg, mc));
+  if (!out) return make_error("{}", bound_named(out.message(), cfg, bound_mb));
+  out->offload.device_memory_mb = cfg.offload.device_memory_mb;
+  return out;
+}
+
+result<project_config> resolve_project_schedule(const project_config& cfg) {
+  // The GPUs are read only when there is a choice to make and no limit set.
+  const auto& par = cfg.parallel;
+  const bool rr = par.schedule == "auto" || par.schedule == "round-robin";
+  const bool chooses = par.schedule == "auto" || par.partition == "auto" || (rr && par.backward_partition == "auto") || cfg.offload.automatic;
+  const auto gpus = chooses && cfg.offload.device_memory_mb <= 0 ? gpu_memory_inventory(cfg) : std::nullopt;
+  return resolve_project_schedule(cfg, gpus ? &*gpus : nullptr);
 }
 
 result<plan_report> make_plan(const project_config& cfg_in, double gflops, const device_inventory* probe,
@@ -47,13 +91,21 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.measured = rates.measured;
     const compute_rates predict = r.measured ? rates : compute_rates(gflops);
     r.compute = predict.describe();
-    LP_TRY_ASSIGN(cfg, resolve_auto_offload(cfg_in, mc, rates, &r.offload_auto));
+    // Without offload.device_memory_mb, the GPUs' memory bounds the choices (a probe's capacities:
+    // the trainer reads gpu_memory_inventory).
+    const double bound_mb = choice_bound_mb(cfg_in, probe);
+    auto offloaded = resolve_auto_offload(with_bound(cfg_in, bound_mb), mc, rates, &r.offload_auto);
+    if (!offloaded) return make_error("{}", bound_named(offloaded.message(), cfg_in, bound_mb));
+    project_config cfg = std::move(*offloaded);
     r.stream_weights = cfg.offload.stream_weights;
     r.activations = cfg.offload.activations;
     r.recompute = cfg.offload.recompute;
     r.recompute_granularity = cfg.offload.recompute_granularity;
     if (cfg.parallel.schedule == "auto") {
-      LP_TRY_ASSIGN(choice, choose_schedule(cfg, mc, rates));
+      auto chosen = choose_schedule(cfg, mc, rates);
+      if (!chosen) return make_error("{}", bound_named(chosen.message(), cfg_in, bound_mb));
+      auto& choice = *chosen;
+      for (auto& c : choice.candidates) c.note = bound_named(c.note, cfg_in, bound_mb);
       cfg.parallel.schedule = choice.schedule;
       if (choice.schedule != "single") cfg.parallel.micro_batches = choice.micro_batches;
       r.schedule_candidates = std::move(choice.candidates);
@@ -73,7 +125,7 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.prog = std::move(prog);
     // The memory plan is the one the executor checks: the trainer's inputs, not gflops or the probe.
     r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);
-    if (probe != nullptr) cfg = with_probed_bandwidth(cfg, *probe);
+    if (probe != nullptr && probe->measured) cfg = with_probed_bandwidth(cfg, *probe);  // (gpu_memory_inventory measures nothing)
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
@@ -96,23 +148,33 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.head_chunk_rows = head_chunk_rows(mc);
     r.head_working_bytes = head_working_bytes(mc, r.tokens_per_micro_batch);
     r.full_logits_bytes = 3 * r.tokens_per_micro_batch * mc.vocab_size * 4;  // the same three f32 tensors, for every position
-    if (cfg.offload.device_memory_mb > 0 && pipelined) {  // the limit is for pipeline devices (as check_project_memory)
+    if (bound_mb > 0 && pipelined) {  // the limit is for pipeline devices (as check_project_memory)
       std::vector<std::string> names;
       for (const auto& f : r.devices) names.push_back(f.name);
-      const std::vector<size_t> cap(names.size(), static_cast<size_t>(cfg.offload.device_memory_mb * 1048576.0));
-      if (auto st = check_memory_plan(r.memory, cap, names); !st) r.memory_refusal = "offload.device_memory_mb: " + st.message();
+      const std::vector<size_t> cap(names.size(), static_cast<size_t>(bound_mb * 1048576.0));
+      if (auto st = check_memory_plan(r.memory, cap, names); !st)
+        r.memory_refusal = (cfg_in.offload.device_memory_mb > 0 ? "offload.device_memory_mb: "
+                                                                  : fmt::format("GPU memory ({:.0f} MiB a device, 90% of what was free): ", bound_mb)) +
+                           st.message();
     }
+    r.memory_bound_mb = pipelined ? bound_mb : 0;
     return r;
   } catch (const std::exception& e) {
     return make_error("{}", e.what());
   }
 }
 
-status check_project_memory(const project_config& cfg) {
-  if (cfg.offload.device_memory_mb <= 0 || cfg.parallel.schedule == "single") return ok_status();  // the limit is for pipeline devices
-  LP_TRY_ASSIGN(rep, make_plan(cfg, auto_schedule_gflops));
+status check_project_memory(const project_config& cfg, const device_inventory* gpus) {
+  if (cfg.parallel.schedule == "single") return ok_status();  // the limit is for pipeline devices
+  if (cfg.offload.device_memory_mb <= 0 && gpus == nullptr) return ok_status();  // unbounded
+  LP_TRY_ASSIGN(rep, make_plan(cfg, auto_schedule_gflops, gpus));
   if (!rep.memory_refusal.empty()) return make_error("{}", rep.memory_refusal);
   return ok_status();
+}
+
+status check_project_memory(const project_config& cfg) {
+  const auto gpus = cfg.offload.device_memory_mb > 0 ? std::nullopt : gpu_memory_inventory(cfg);
+  return check_project_memory(cfg, gpus ? &*gpus : nullptr);
 }
 
 std::string offload_choice_text(const plan_report& r) {

@@ -53,27 +53,39 @@ struct plan_report {
   // Every buffer with its home and lifetime, each device's peak (the bound the executor checks
   // before allocating, and the expected arena peak) and what it holds then, the host's total.
   memory_plan memory;
-  // With offload.device_memory_mb set: why the plan does not fit it (naming the device, the
-  // shortfall and the buffer), empty when it fits.
+  // With offload.device_memory_mb set, or on GPUs (90% of their free memory, probed or now): why
+  // the plan does not fit it (naming the device, the shortfall and the buffer), empty when it fits.
   std::string memory_refusal;
+  // The bound the choices were made to fit, in MiB a device (0: unbounded).
+  double memory_bound_mb = 0;
 };
 
 // The choices (schedule auto, partition auto) are made with the trainer's inputs: the layer profile
 // (`profile`, else the project's cached one: project_compute_rates), else FLOPs at
 // auto_schedule_gflops. Without a profile `gflops` sets the prediction; the probe's measured copy
-// rate (with_probed_bandwidth), when given, costs the copies.
+// rate (with_probed_bandwidth), when given, costs the copies. The choices fit offload.device_memory_mb,
+// or when it is 0 the GPU devices' capacities in the probe (a probe, or gpu_memory_inventory as the
+// trainer uses), the smallest device's for all.
 result<plan_report> make_plan(const project_config& cfg, double gflops, const device_inventory* probe = nullptr,
                               std::shared_ptr<const measured_compute> profile = nullptr);
 
-// Before a run is recorded: a project whose memory plan exceeds offload.device_memory_mb is
-// refused with check_memory_plan's message (a no-op without a limit). `cfg`'s schedule resolved.
+// Before a run is recorded: a project whose memory plan exceeds offload.device_memory_mb (or on
+// GPUs without it, 90% of their free memory) is refused with check_memory_plan's message (a no-op
+// on CPU virtual devices without a limit). `cfg`'s schedule resolved.
 status check_project_memory(const project_config& cfg);
+// The same with the GPU devices' capacities from `gpus` (gpu_memory_inventory; nullptr: unbounded
+// without a limit).
+status check_project_memory(const project_config& cfg, const device_inventory* gpus);
 
 // The model's config.json (or a llama2.c checkpoint's header) a project names.
 result<llama_config> project_model_config(const project_config& cfg);
 // The project with parallel.schedule "auto" and, for a pipeline, parallel.partition "auto" resolved
 // (resolve_auto_schedule with project_compute_rates). What a run records and trains.
+// Its choices fit offload.device_memory_mb, or when that is 0 the GPUs' memory now
+// (gpu_memory_inventory, read only when something is to be chosen).
 result<project_config> resolve_project_schedule(const project_config& cfg);
+// The same with the GPU devices' capacities taken from `gpus` (nullptr: unbounded without a limit).
+result<project_config> resolve_project_schedule(const project_config& cfg, const device_inventory* gpus);
 
 // offload.auto's choice in words (empty when offload.auto was off): the settings planned, what
 // changed, and the predicted step against the settings as set.

@@ -1,5 +1,6 @@
 // Run sessions: see run_session.h.
 #include "core/engine/run_session.h"
+#include "core/engine/device_inventory.h"
 
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -115,8 +116,10 @@ result<run_handle> begin_run(const project_config& cfg, const std::string& proje
     if (auto st = validate_project(cfg); !st) return make_error("{} is not valid:\n{}", project_path, st.message());
     LP_TRY(check_output_dir(cfg));  // refused before a run is recorded
     // The run records (and a resume repeats) the pipeline the planner chose, not "auto".
-    LP_TRY_ASSIGN(resolved, resolve_project_schedule(cfg));
-    LP_TRY(check_project_memory(resolved));  // a plan over offload.device_memory_mb: refused before it is recorded
+    // The GPUs' free memory read once: what the choices fit is what the check holds them to.
+    const auto gpus = cfg.offload.device_memory_mb > 0 ? std::nullopt : gpu_memory_inventory(cfg);
+    LP_TRY_ASSIGN(resolved, resolve_project_schedule(cfg, gpus ? &*gpus : nullptr));
+    LP_TRY(check_project_memory(resolved, gpus ? &*gpus : nullptr));  // a plan over the memory bound: refused before it is recorded
     run_handle h;
     h.config = with_absolute_paths(resolved);
     h.database = database;

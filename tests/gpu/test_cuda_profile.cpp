@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/engine/compute_profile.h"
+#include "core/engine/device_inventory.h"
 #include "core/engine/plan_report.h"
 #include "tests/test_paths.h"
 
@@ -56,4 +57,37 @@ TEST(CudaProfile, ProfilesTheLayersOnTheGpuAndPlansWithThem) {
   EXPECT_GT(rep->sim.makespan_s, 0);
   std::printf("1f1b x4 on cuda:0,0 from the layer profile: step %.3f ms\n", rep->sim.makespan_s * 1e3);
   std::filesystem::remove_all(cache);
+}
+
+// Without offload.device_memory_mb the GPUs' free memory bounds what auto chooses: the inventory
+// splits 90% of cuda:0's free memory between its two devices, the trainer's resolution plans within
+// it, and a plan over it is refused before a run is recorded (check_project_memory).
+TEST(CudaPlan, TheGpusFreeMemoryBoundsTheChoiceWithoutALimit) {
+  project_config c;
+  c.model.path = (test_data_dir() / "models/stories260K/hf").string();
+  c.data.train = (test_data_dir() / "text/tinyshakespeare.txt").string();
+  c.parallel.devices = "cuda:0,0";
+  c.run.batch_size = 8;
+  c.data.seq_len = 128;
+  const auto inv = gpu_memory_inventory(c);
+  ASSERT_TRUE(inv.has_value());
+  ASSERT_EQ(inv->devices.size(), 2u);
+  EXPECT_EQ(inv->devices[0].capacity_bytes, inv->devices[1].capacity_bytes);
+  EXPECT_GT(inv->devices[0].capacity_bytes, size_t{64} << 20);
+  auto resolved = resolve_project_schedule(c);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_NE(resolved->parallel.schedule, "auto");
+  EXPECT_EQ(resolved->offload.device_memory_mb, 0);  // recorded as set
+  auto rep = make_plan(*resolved, 100, &*inv);
+  ASSERT_TRUE(rep.ok()) << rep.message();
+  EXPECT_NEAR(rep->memory_bound_mb, inv->devices[0].capacity_bytes / 1048576.0, 1e-6);
+  EXPECT_EQ(rep->memory_refusal, "");
+  EXPECT_TRUE(check_project_memory(*resolved).ok());
+  project_config huge = *resolved;  // a sequence no GPU holds the activations of
+  huge.data.seq_len = 512;
+  huge.run.batch_size = 8 << 14;
+  huge.parallel.micro_batches = 2;
+  const auto refused = check_project_memory(huge);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("GPU memory ("), std::string::npos) << refused.message();
 }
