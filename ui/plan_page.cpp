@@ -311,8 +311,7 @@ void PlanPage::replan() {
     memory_->setBars(cats, sets, true, tr("device"), tr("MiB"), cap, tr("capacity %1 MiB").arg(cap, 0, cap >= 100 ? 'f' : 'g', cap >= 100 ? 0 : 3));
     const bool gpus = QString::fromStdString(cfg_.parallel.devices).startsWith("cuda");
     memory_->chart()->setTitle(cap > 0  ? tr("Memory per device at its peak")
-                               : gpus ? tr("Memory per device at its peak (GPU memory not read here: train fits 90% of each GPU's free memory; "
-                                           "set offload.device_memory_mb to plan with a limit)")
+                               : gpus ? tr("Memory per device at its peak (no limit set: train fits 90% of free GPU memory)")
                                       : tr("Memory per device at its peak (capacity not limited: offload.device_memory_mb = 0)"));
     std::vector<QStringList> link_rows;
     for (const auto& l : p.links)

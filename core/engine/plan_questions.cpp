@@ -268,14 +268,18 @@ std::vector<size_t> project_capacity(const project_config& cfg, const device_inv
   return cap;
 }
 
+size_t smallest_capacity(const std::vector<size_t>& capacity) {
+  size_t low = 0;
+  for (size_t c : capacity)
+    if (c > 0) low = low == 0 ? c : std::min(low, c);
+  return low;
+}
+
 result<fit_limits> largest_fit(const project_config& cfg_in, const std::vector<size_t>& capacity) {
   fit_limits f;
   // The choices fit the capacities given (no GPU is read here: the GUI asks too).
   project_config bounded = cfg_in;
-  size_t low = 0;
-  for (size_t c : capacity)
-    if (c > 0) low = low == 0 ? c : std::min(low, c);
-  if (bounded.offload.device_memory_mb <= 0) bounded.offload.device_memory_mb = static_cast<double>(low) / 1048576.0;
+  if (bounded.offload.device_memory_mb <= 0) bounded.offload.device_memory_mb = static_cast<double>(smallest_capacity(capacity)) / 1048576.0;
   LP_TRY_ASSIGN(cfg, resolve_project_schedule(bounded, nullptr));
   cfg.offload.device_memory_mb = cfg_in.offload.device_memory_mb;
   f.rows_per_micro_batch = cfg.parallel.schedule == "single" ? cfg.run.batch_size : cfg.run.batch_size / cfg.parallel.micro_batches;

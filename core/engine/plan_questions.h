@@ -91,6 +91,8 @@ device_order_answer plan_device_order(const project_config& cfg, const plan_repo
 // offload.device_memory_mb on every device; 0 = unbounded (CPU devices without a limit; CUDA
 // devices are known only from a probe).
 std::vector<size_t> project_capacity(const project_config& cfg, const device_inventory* probe);
+// The smallest capacity given (0 = unlimited ones are skipped; 0 when none is limited).
+size_t smallest_capacity(const std::vector<size_t>& capacity);
 
 // The largest data.seq_len (run.batch_size as it is) and the most sequences per micro-batch
 // (data.seq_len as it is) whose memory plans fit every device's capacity, with the project's

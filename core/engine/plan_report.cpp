@@ -36,10 +36,7 @@ namespace {
 // 0 = unbounded (CPU virtual devices without a limit, GPUs without a probe).
 double choice_bound_mb(const project_config& cfg, const device_inventory* probe) {
   if (cfg.offload.device_memory_mb > 0 || device_count(cfg.parallel.devices) <= 1 || probe == nullptr) return cfg.offload.device_memory_mb;
-  size_t low = 0;
-  for (size_t c : project_capacity(cfg, probe))
-    if (c > 0) low = low == 0 ? c : std::min(low, c);
-  return static_cast<double>(low) / 1048576.0;
+  return static_cast<double>(smallest_capacity(project_capacity(cfg, probe))) / 1048576.0;
 }
 
 project_config with_bound(const project_config& cfg, double mb) {
