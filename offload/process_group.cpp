@@ -85,6 +85,7 @@ struct process_group::work_handle {
 constexpr auto beat_period = std::chrono::milliseconds(250);
 struct progress_board {
   std::mutex mu;
+  std::mutex join_mu;  // halt() joins the publisher under it
   std::condition_variable cv;
   std::string context;
   std::map<int, std::string> done;         // by device position
@@ -142,8 +143,9 @@ struct progress_board {
     }
     cv.notify_one();
   }
-  void halt() {  // the publisher ends (after a set in flight); later updates stay here
+  void halt() {  // the publisher ends (after a set in flight); later updates stay here. Any thread, any number of times.
     update([this] { stop = true; });
+    std::lock_guard joining(join_mu);  // two threads joining one std::thread at once is undefined
     if (publisher.joinable()) publisher.join();
   }
   ~progress_board() { halt(); }
@@ -176,7 +178,7 @@ struct process_group::impl {
   // there, not another distributed timeout or a recv that never returns (store_agent.h).
   std::unique_ptr<store_agent> agent;
   std::unique_ptr<progress_board> board;  // declared after the connections: its publisher stops before they go
-  bool failure_reported = false;
+  std::atomic<bool> failure_reported{false};  // by report_failure, on any thread
 
   // The last report and waits, now (the publisher stopped first: nothing older lands after them).
   void publish_final(const std::string& text) {
@@ -568,9 +570,9 @@ void process_group::report_done(int position, const std::string& what) {
 std::string process_group::last_report(int rank) { return p_->last_report(rank); }
 
 void process_group::report_failure(const std::string& message) {
+  if (p_->failure_reported.exchange(true)) return;  // the first failure stands: later ones follow from it
   std::string text = "failed: " + message;
   if (text.size() > 2000) text.resize(2000);
-  p_->failure_reported = true;
   p_->publish_final(text);  // now, not by the publisher: the process may exit next
 }
 

@@ -81,7 +81,8 @@ class process_group {
   void report_done(int position, const std::string& what);
   std::string last_report(int rank);  // "" when it reported nothing or the store is gone
   // This rank failed: "failed: <message>" becomes its report, written before returning (the process
-  // may exit right after), so the others' errors carry the cause.
+  // may exit right after), so the others' errors carry the cause. Safe from any thread; the first
+  // failure reported stands (later ones are its consequences).
   void report_failure(const std::string& message);
 
   // Small values through the store (metrics): set never blocks; get waits up to the timeout.

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -346,4 +347,31 @@ TEST(ProcessGroup, AMissingRankIsNamedAtTheRendezvous) {
   }();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("rank 2 is outside a world of 2"), std::string::npos);
+}
+
+// Threads that fail at once (a device thread and the trainer) may all report: nothing crashes (the
+// publisher is joined once), and the first report stands instead of being overwritten by later ones.
+TEST(ProcessGroup, FailuresReportedFromSeveralThreadsAtOnceKeepTheFirst) {
+  for (int round = 0; round < 10; ++round) {
+    rendezvous_options o;
+    o.world = 1;
+    o.config_hash = "same";
+    o.timeout = std::chrono::milliseconds(3000);
+    auto g = process_group::join(o);
+    ASSERT_TRUE(g.ok()) << g.message();
+    (*g)->report_context("step 1 of 2");
+    std::atomic<int> go{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        ++go;
+        while (go.load() < 4) std::this_thread::yield();
+        (*g)->report_failure("thread " + std::to_string(t));
+      });
+    for (auto& t : threads) t.join();
+    const std::string report = (*g)->last_report(0);
+    EXPECT_EQ(report.rfind("failed: thread ", 0), 0u) << report;
+    (*g)->report_failure("after the others");  // a later failure does not replace the first
+    EXPECT_EQ((*g)->last_report(0), report);
+  }
 }
