@@ -162,6 +162,7 @@ class sim_run {
           progress = true;
         }
       if (!progress && resolve_nccl()) continue;
+      if (!progress && cores_.advance()) continue;  // a compute on the host's cores starts or ends
       if (!progress)
         for (int32_t d = 0; d < D_; ++d)
           if (dev_[d].pc < p_.devices[d].size())
@@ -241,9 +242,11 @@ class sim_run {
       if (!has(k)) return false;
       start = std::max(start, ready_[k]);
     }
+    const auto end = compute_end(d, start, cost);
+    if (!end) return false;  // on the host's cores, until the pool gets to its end
     started_ = ds.last_start = start;
     ++ds.computes;
-    ds.clock = ended_ = compute_end(d, start, cost);
+    ds.clock = ended_ = *end;
     ds.busy += ended_ - start;
     // The executor waits, when a compute ends (after its results are kept), for the outgoing
     // copies issued before it began: their sources are freed just after the compute's allocations.
@@ -264,17 +267,17 @@ class sim_run {
   // When a compute of `cost` seconds (at speed 1, alone) begun at `start` ends on device d: slower by
   // its speed; a CPU virtual device also shares the host's cores with the others computing at once
   // (sim_costs::host_compute_slots) and, slower than the fastest, idles in proportion after (as
-  // cpu_device does), holding no core meanwhile.
-  double compute_end(int32_t d, double start, double cost) {
+  // cpu_device does), holding no core meanwhile. nullopt: it has joined the host's cores and its end
+  // is known once the replay has advanced the pool that far (run()).
+  std::optional<double> compute_end(int32_t d, double start, double cost) {
     const double speed = static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0 ? c_.device_speed[d] : 1.0;
     const bool on_host = c_.host_compute_slots > 0 && static_cast<size_t>(d) < c_.on_host_cores.size() && c_.on_host_cores[d];
     if (!on_host || !(cost > 0) || !std::isfinite(start + cost)) return start + cost / speed;
     const double fastest = std::max(speed, fastest_speed_);
-    auto& cores = shared_.try_emplace(sim_sharing::host_cores, c_.host_compute_slots).first->second;
     const sim_sharing::work_id id{d, static_cast<int32_t>(dev_[d].pc)};
-    const double busy_end = cores.end_of(id, start, cost / fastest);
-    cores.set(id, start, busy_end);
-    return start + (busy_end - start) * fastest / speed;
+    if (const auto busy_end = cores_.end_of(id)) return start + (*busy_end - start) * fastest / speed;
+    cores_.join(id, start, cost / fastest);
+    return std::nullopt;
   }
 
   bool forward(int32_t d, const instr& in) {
@@ -568,6 +571,7 @@ class sim_run {
   std::vector<device_state> dev_;
   // Copies on shared host links and computes on the host's cores: this pass's once booked, else the last pass's.
   sim_sharing::resources shared_;
+  sim_sharing::core_pool cores_{c_.host_compute_slots};  // computes of CPU virtual devices, in time order
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
   const double act_;
   std::map<int32_t, std::set<int32_t>> ckpt_;  // forward stage -> boundaries it checkpoints

@@ -72,6 +72,46 @@ bool shared_resource::oversubscribed() const {
   return false;
 }
 
+void core_pool::join(const work_id& id, double start, double work) {
+  if (joined_.insert(id).second) waiting_.emplace(std::max(start, now_), std::make_pair(id, work));  // once (a blocked device asks again)
+}
+
+std::optional<double> core_pool::end_of(const work_id& id) const {
+  const auto it = ended_.find(id);
+  return it == ended_.end() ? std::nullopt : std::optional<double>(it->second);
+}
+
+bool core_pool::advance() {
+  if (running_.empty() && waiting_.empty()) return false;
+  const double rate = running_.empty() ? 1.0 : std::min(1.0, capacity_ / static_cast<double>(running_.size()));
+  double least = std::numeric_limits<double>::infinity();  // the least work left: the next end
+  for (const auto& [id, left] : running_) least = std::min(least, left);
+  const double next_end = now_ + least / rate;
+  const double next_start = waiting_.empty() ? std::numeric_limits<double>::infinity() : waiting_.begin()->first;
+  const bool ends = next_end <= next_start;
+  const double t = ends ? next_end : next_start;
+  const double served = ends ? least : (t - now_) * rate;  // each piece in flight got this much done
+  for (auto it = running_.begin(); it != running_.end();) {
+    // The pieces with the least work left end now, whatever the rounding of t - now_ (at large t the
+    // difference can lose the work of a short piece, and the pool would stand still).
+    if (ends && it->second <= least * (1 + 1e-9)) {
+      ended_[it->first] = t;
+      it = running_.erase(it);
+    } else {
+      it->second = std::max(0.0, it->second - served);
+      ++it;
+    }
+  }
+  now_ = t;
+  while (!waiting_.empty() && waiting_.begin()->first <= now_) {
+    const auto [id, work] = waiting_.begin()->second;
+    waiting_.erase(waiting_.begin());
+    if (work > 0) running_[id] = work;
+    else ended_[id] = now_;
+  }
+  return true;
+}
+
 bool any_oversubscribed(const resources& r) {
   return std::any_of(r.begin(), r.end(), [](const auto& f) { return f.second.oversubscribed(); });
 }
