@@ -177,7 +177,7 @@ class sim_run {
     return finish();
   }
 
-  // The work on shared links and host cores with its intervals in this pass (the next pass starts from it).
+  // The copies on shared links with their intervals in this pass (the next pass starts from it).
   sim_sharing::resources take_shared() { return std::move(shared_); }
 
  private:
@@ -569,7 +569,7 @@ class sim_run {
   const sim_costs& c_;
   const int32_t D_;
   std::vector<device_state> dev_;
-  // Copies on shared host links and computes on the host's cores: this pass's once booked, else the last pass's.
+  // Copies on shared host links: this pass's once booked, else the last pass's.
   sim_sharing::resources shared_;
   sim_sharing::core_pool cores_{c_.host_compute_slots};  // computes of CPU virtual devices, in time order
   std::vector<std::set<int32_t>> carried_;  // stages resident from the previous iteration
@@ -585,7 +585,14 @@ class sim_run {
   int total_backward_ = 0, backward_done_ = 0;
   double last_backward_end_ = 0;
   std::vector<sim_interval> timeline_;
-  const double fastest_speed_ = c_.device_speed.empty() ? 1.0 : *std::max_element(c_.device_speed.begin(), c_.device_speed.end());
+  // The fastest CPU virtual device computes at the host's speed (a faster GPU in the list does not count).
+  const double fastest_speed_ = [this] {
+    double f = 0;
+    for (int32_t d = 0; d < D_; ++d)
+      if (static_cast<size_t>(d) < c_.on_host_cores.size() && c_.on_host_cores[d])
+        f = std::max(f, static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0 ? c_.device_speed[d] : 1.0);
+    return f > 0 ? f : 1.0;
+  }();
   double started_ = 0;  // when the last compute() began (exactly: end - cost need not round back to it)
   double ended_ = 0;    // when it ended (before waiting for outgoing copies)
 };
@@ -598,7 +605,8 @@ sim_result simulate(const program& p, const sim_costs& c) {
   sim_result r = first.run();
   sim_sharing::resources shared = first.take_shared();
   if (!r.ok || !sim_sharing::any_oversubscribed(shared)) return r;  // nothing was slowed by sharing: settled
-  // The order of events is the same each pass, only times move. Settled: nothing ends more than
+  // Mostly the same order of events each pass, with times moving (the host's cores let devices on
+  // in the order their computes end, which the links' times can move). Settled: nothing ends more than
   // 0.1% of the step later or earlier than in the pass before. Work that slips in and out of a gap
   // on its engine can make passes alternate instead: then the slower of the last two stands.
   for (int pass = 1; pass < sim_sharing::max_passes; ++pass) {
