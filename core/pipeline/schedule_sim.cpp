@@ -124,6 +124,12 @@ std::optional<sim_result> check_pairing(const program& p) {
   return std::nullopt;
 }
 
+// Device d's relative compute speed (1 when not given), and whether it computes on the host's cores.
+double speed_of(const sim_costs& c, int32_t d) {
+  return static_cast<size_t>(d) < c.device_speed.size() && c.device_speed[d] > 0 ? c.device_speed[d] : 1.0;
+}
+bool on_host_cores(const sim_costs& c, int32_t d) { return static_cast<size_t>(d) < c.on_host_cores.size() && c.on_host_cores[d]; }
+
 // The discrete-event replay: devices advance in turn as far as their inputs allow; each instruction
 // kind has one method that books compute, copies and memory and returns false when it must wait.
 class sim_run {
@@ -270,9 +276,8 @@ class sim_run {
   // cpu_device does), holding no core meanwhile. nullopt: it has joined the host's cores and its end
   // is known once the replay has advanced the pool that far (run()).
   std::optional<double> compute_end(int32_t d, double start, double cost) {
-    const double speed = static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0 ? c_.device_speed[d] : 1.0;
-    const bool on_host = c_.host_compute_slots > 0 && static_cast<size_t>(d) < c_.on_host_cores.size() && c_.on_host_cores[d];
-    if (!on_host || !(cost > 0) || !std::isfinite(start + cost)) return start + cost / speed;
+    const double speed = speed_of(c_, d);
+    if (!(c_.host_compute_slots > 0 && on_host_cores(c_, d)) || !(cost > 0) || !std::isfinite(start + cost)) return start + cost / speed;
     const double fastest = std::max(speed, fastest_speed_);
     const sim_sharing::work_id id{d, static_cast<int32_t>(dev_[d].pc)};
     if (const auto busy_end = cores_.end_of(id)) return start + (*busy_end - start) * fastest / speed;
@@ -589,8 +594,7 @@ class sim_run {
   const double fastest_speed_ = [this] {
     double f = 0;
     for (int32_t d = 0; d < D_; ++d)
-      if (static_cast<size_t>(d) < c_.on_host_cores.size() && c_.on_host_cores[d])
-        f = std::max(f, static_cast<size_t>(d) < c_.device_speed.size() && c_.device_speed[d] > 0 ? c_.device_speed[d] : 1.0);
+      if (on_host_cores(c_, d)) f = std::max(f, speed_of(c_, d));
     return f > 0 ? f : 1.0;
   }();
   double started_ = 0;  // when the last compute() began (exactly: end - cost need not round back to it)
@@ -627,10 +631,7 @@ sim_costs with_measured_compute(const program& p, sim_costs c, const std::vector
   c.host_compute_slots = 0;  // the measured times already hold the sharing of the host's cores
   std::map<std::pair<op, int32_t>, std::vector<double>> times;  // (kind, stage) -> seconds
   // Normalised to a speed-1 device: simulate divides by the speed of the device that runs it.
-  const auto speed = [&](int32_t d) {
-    return static_cast<size_t>(d) < c.device_speed.size() && c.device_speed[d] > 0 ? c.device_speed[d] : 1.0;
-  };
-  for (const auto& m : measured) times[{m.in.kind, m.in.stage}].push_back((m.end_s - m.start_s) * speed(m.device));
+  for (const auto& m : measured) times[{m.in.kind, m.in.stage}].push_back((m.end_s - m.start_s) * speed_of(c, m.device));
   const auto median = [&](op k, int32_t s, double& out) {
     auto it = times.find({k, s});
     if (it == times.end() || it->second.empty()) return;
