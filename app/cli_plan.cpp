@@ -126,6 +126,7 @@ void print_plan_json(const plan_inputs& in) {
                          {"mapped_step_seconds", in.order->mapped_step_s}};
   }
   j["compute"] = rep->compute;
+  j["copy_rates"] = rep->copy_rates;
   j["tokens_per_second"] = summarize_plan(in.cfg, *rep).tokens_per_s;
   if (in.profiled) {
     j["layer_profile"] = nlohmann::json::parse(layer_profile_to_json(in.profiled->profile, in.profiled->key));
@@ -163,6 +164,7 @@ void print_plan_text(const plan_inputs& in) {
                            prog.num_devices(), prog.stages.size(), prog.micro_batches, rep->tokens_per_micro_batch);
   std::cout << fmt::format("estimated step {:.3f} s, {} tokens/s (compute: {}), bubble ratio {:.3f}\n", r.makespan_s,
                            tokens_per_s_text(summarize_plan(*p, *rep).tokens_per_s), rep->compute, r.bubble_ratio);
+  if (!rep->copy_rates.empty()) std::cout << "the choices cost copies at " << rep->copy_rates << "\n";
   if (rep->offload_auto.weighed) std::cout << offload_choice_text(*rep) << "\n";
   if (!rep->schedule_candidates.empty()) {
     std::cout << fmt::format("schedule auto chose {} with {} micro-batches; weighed (fastest first):\n", prog.schedule, prog.micro_batches);
@@ -226,9 +228,10 @@ int cmd_plan(const plan_args& a) {
     if (!out) return cli_fail(out.message());
     probed = std::move(*out);
   }
-  // Without a probe, GPUs are bounded by what they have free now, as `train` will choose.
-  const auto gpu_memory = probed ? std::nullopt : gpu_memory_inventory(*p);
-  const device_inventory* inv = probed ? &probed->inventory : gpu_memory ? &*gpu_memory : nullptr;
+  // Without a probe, GPUs are bounded by what they have free now and their copies costed (a cached
+  // probe, else the PCIe estimate), as `train` will choose.
+  const auto gpus = probed ? std::nullopt : gpu_planning_inventory(*p);
+  const device_inventory* inv = probed ? &probed->inventory : gpus ? &*gpus : nullptr;
   std::optional<profile_outcome> profiled;
   if (a.profile > 0) {
     auto mc = project_model_config(*p);

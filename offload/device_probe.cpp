@@ -211,29 +211,57 @@ bool device_inventory::ok() const {
   return std::all_of(devices.begin(), devices.end(), [](const probed_device& d) { return d.error.empty(); });
 }
 
-void read_pci_link(const std::filesystem::path& root, const std::string& bus_id, probed_device& d) {
-  const auto dir = root / bus_id;
-  const auto read = [&](const char* file) {
-    std::ifstream in(dir / file);
-    std::string s;
-    std::getline(in, s);
-    return s;
-  };
-  const std::string speed = read("current_link_speed"), width = read("current_link_width"), numa = read("numa_node");
-  const double gts = std::atof(speed.c_str());  // "16.0 GT/s PCIe"
+namespace {
+
+std::string first_line(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+// "16.0 GT/s PCIe" -> 4; 0 when unknown.
+int pcie_generation(const std::string& speed) {
+  const double gts = std::atof(speed.c_str());
   static const std::pair<double, int> gens[] = {{2.5, 1}, {5, 2}, {8, 3}, {16, 4}, {32, 5}, {64, 6}};
   for (const auto& [rate, gen] : gens)
-    if (gts > 0 && std::abs(gts - rate) < 0.6) d.pcie_gen = gen;
-  d.pcie_width = std::atoi(width.c_str());
+    if (gts > 0 && std::abs(gts - rate) < 0.6) return gen;
+  return 0;
+}
+
+// The lower of two known values (0 = unknown).
+int lower_known(int a, int b) { return a > 0 && b > 0 ? std::min(a, b) : std::max(a, b); }
+
+}  // namespace
+
+void read_pci_link(const std::filesystem::path& root, const std::string& bus_id, probed_device& d) {
+  const auto dir = root / bus_id;
+  const std::string numa = first_line(dir / "numa_node");
+  d.pcie_gen = pcie_generation(first_line(dir / "current_link_speed"));
+  d.pcie_width = std::atoi(first_line(dir / "current_link_width").c_str());
   if (!numa.empty()) d.numa_node = std::atoi(numa.c_str());
+  d.pcie_max_gen = pcie_generation(first_line(dir / "max_link_speed"));
+  d.pcie_max_width = std::atoi(first_line(dir / "max_link_width").c_str());
   std::error_code ec;
   const auto real = std::filesystem::canonical(dir, ec);
   d.upstream.clear();
   if (ec) return;
+  // The port above the device bounds what the link can train to (a root port or a switch's port).
+  const auto port = real.parent_path();
+  d.pcie_max_gen = lower_known(d.pcie_max_gen, pcie_generation(first_line(port / "max_link_speed")));
+  d.pcie_max_width = lower_known(d.pcie_max_width, std::atoi(first_line(port / "max_link_width").c_str()));
   static const std::regex address("[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]");
   for (const auto& part : real)
     if (std::regex_match(part.string(), address)) d.upstream.push_back(part.string());
   if (!d.upstream.empty()) d.upstream.pop_back();  // the device itself
+}
+
+double pcie_copy_estimate(const probed_device& d) {
+  const int gen = d.pcie_max_gen > 0 ? d.pcie_max_gen : d.pcie_gen, width = d.pcie_max_width > 0 ? d.pcie_max_width : d.pcie_width;
+  // GB/s per lane after line encoding: 8b/10b (gen1-2), 128b/130b (gen3-5), FLIT (gen6).
+  static const double lane_gbs[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.563};
+  if (gen <= 0 || gen > 6 || width <= 0) return 0;
+  return 0.8 * lane_gbs[gen] * width * 1e9;
 }
 
 status describe_gpu(int gpu, probed_device& d) {
@@ -301,10 +329,12 @@ std::vector<int> hung_devices(const device_inventory& inv) {
   return out;
 }
 
-// JSON by field name (nlohmann's macros: every field written, every field required when read).
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(probed_device, name, kind, capacity_bytes, threads, speed, copy_limit_bytes_per_s, gpu, gpu_name,
-                                   pci_bus_id, total_bytes, free_bytes, sm_count, cc_major, cc_minor, pcie_gen, pcie_width, numa_node, upstream,
-                                   h2d_bytes_per_s, d2h_bytes_per_s, h2d_concurrent_bytes_per_s, d2h_concurrent_bytes_per_s, error)
+// JSON by field name (nlohmann's macros: every field written; every field required when read, except
+// a device's, which default: caches written before pcie_max_gen/width still load).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(probed_device, name, kind, capacity_bytes, threads, speed, copy_limit_bytes_per_s, gpu,
+                                                gpu_name, pci_bus_id, total_bytes, free_bytes, sm_count, cc_major, cc_minor, pcie_gen,
+                                                pcie_width, pcie_max_gen, pcie_max_width, numa_node, upstream, h2d_bytes_per_s, d2h_bytes_per_s,
+                                                h2d_concurrent_bytes_per_s, d2h_concurrent_bytes_per_s, error)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(probed_link, from, to, direct, bytes_per_s, error)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(device_inventory, devices, links, fingerprint, measured, complete, probe_seconds, probe_bytes, when)
 
@@ -344,8 +374,9 @@ std::string inventory_text(const device_inventory& inv) {
   for (const auto& d : inv.devices) {
     out += fmt::format("  {}: ", d.name);
     if (d.kind == "cuda")
-      out += fmt::format("{} (sm_{}{}, {} SMs), {:.1f} of {:.1f} GiB free, PCIe gen {} x{}, NUMA node {}; ", d.gpu_name, d.cc_major, d.cc_minor,
-                         d.sm_count, d.free_bytes / 1073741824.0, d.total_bytes / 1073741824.0, d.pcie_gen, d.pcie_width, d.numa_node);
+      out += fmt::format("{} (sm_{}{}, {} SMs), {:.1f} of {:.1f} GiB free, PCIe gen {} x{} (up to gen {} x{}), NUMA node {}; ", d.gpu_name,
+                         d.cc_major, d.cc_minor, d.sm_count, d.free_bytes / 1073741824.0, d.total_bytes / 1073741824.0, d.pcie_gen,
+                         d.pcie_width, d.pcie_max_gen, d.pcie_max_width, d.numa_node);
     else
       out += fmt::format("CPU virtual device, {} thread(s), speed x{:g}, copies {}; ", d.threads, d.speed,
                          d.copy_limit_bytes_per_s > 0 ? fmt::format("throttled to {}", gbs(d.copy_limit_bytes_per_s)) : "unthrottled");

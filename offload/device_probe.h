@@ -31,7 +31,8 @@ struct probed_device {
   std::string gpu_name, pci_bus_id;
   size_t total_bytes = 0, free_bytes = 0;
   int sm_count = 0, cc_major = 0, cc_minor = 0;
-  int pcie_gen = 0, pcie_width = 0;  // current link (0 = unknown)
+  int pcie_gen = 0, pcie_width = 0;  // current link (0 = unknown); a GPU drops it while idle
+  int pcie_max_gen = 0, pcie_max_width = 0;  // what the link trains to under load: the lower of the device's and its port's maximum (0 = unknown)
   int numa_node = -1;
   // What lies between the host and the device, outermost first: for a GPU the PCI bridges (its root
   // port, then any switch ports), for a CPU virtual device its modelled copy link (offload.copy_links).
@@ -59,6 +60,9 @@ struct device_inventory {
   double probe_seconds = 0;
   size_t probe_bytes = 0;
   std::string when;                // UTC time of the measurement, ISO 8601
+  // Where the copy rates of an inventory that was not measured now came from (a cached probe, the
+  // PCIe estimate: fill_copy_rates); empty otherwise. Not serialised.
+  std::string rates_from;
   bool ok() const;                 // every device without error
 };
 
@@ -85,8 +89,15 @@ std::vector<int> hung_devices(const device_inventory& inv);
 // PCIe link of a PCI device from sysfs (`root` = /sys/bus/pci/devices): generation from
 // current_link_speed ("16.0 GT/s PCIe" -> 4), width from current_link_width, NUMA node; zeros / -1
 // when unknown; the bridges above it from the path its entry links to
-// (.../pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:03:00.0: three bridges).
+// (.../pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:03:00.0: three bridges); the link's
+// maximum from max_link_speed / max_link_width of the device and of the bridge directly above it
+// (a gen4 GPU in a gen3 slot trains to gen3), the lower of each.
 void read_pci_link(const std::filesystem::path& root, const std::string& bus_id, probed_device& d);
+// What pinned copies between the host and a GPU are expected to reach over its PCIe link when
+// nothing was measured, in bytes/s: 80% of the link's rate after line encoding, at its maximum
+// generation and width (the current ones when the maximum is unknown): gen3 x16 12.6 GB/s, gen4 x16
+// 25.2 GB/s, gen4 x8 12.6 GB/s. 0 when the link is unknown.
+double pcie_copy_estimate(const probed_device& d);
 
 std::string inventory_to_json(const device_inventory& inv);
 result<device_inventory> inventory_from_json(const std::string& text);

@@ -2,7 +2,9 @@
 // virtual devices: timed copies bounded by the throttle, a copy engine that hangs is reported within
 // the deadline (the watchdog) and one that fails is reported, the JSON form round-trips, the
 // fingerprint follows the static facts, the cache is reused and refreshed, sysfs PCIe parsing (link,
-// NUMA node, the bridges above a GPU), the cross mapping of GPUs behind shared switches.
+// NUMA node, the bridges above a GPU, the link's maximum and the copy rate it gives), the copy rates
+// GPUs are planned with when nothing measured them now (a cached probe, else PCIe), the cross mapping
+// of GPUs behind shared switches.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -11,6 +13,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/base/errors.h"
 #include "core/engine/device_inventory.h"
@@ -378,4 +381,151 @@ TEST(DeviceProbe, ProjectProbeIsCachedByFingerprint) {
   std::filesystem::copy_file(first->cache_file, inventory_cache_file(t.path, other->inventory.fingerprint),
                              std::filesystem::copy_options::overwrite_existing);
   EXPECT_FALSE(load_cached_inventory(t.path, other->inventory.fingerprint).ok());
+}
+
+// A link's maximum is the lower of the device's and its port's (a gen4 GPU in a gen3 slot trains to
+// gen3); a GPU idling at gen1 is estimated at its maximum, and the estimate is 80% of the encoded
+// rate: gen3 x16 12.6 GB/s, gen4 x16 25.2 GB/s.
+TEST(DeviceProbe, PcieMaximumIsTheLowerOfDeviceAndPortAndSetsTheEstimate) {
+  temp_dir t;
+  const auto port = t.path / "devices" / "pci0000:00" / "0000:00:01.0";
+  const auto gpu = port / "0000:01:00.0";
+  std::filesystem::create_directories(gpu);
+  std::filesystem::create_directories(t.path / "bus");
+  std::filesystem::create_directory_symlink(gpu, t.path / "bus" / "0000:01:00.0");
+  const auto write = [](const std::filesystem::path& f, const char* text) { std::ofstream(f) << text << "\n"; };
+  write(gpu / "current_link_speed", "2.5 GT/s PCIe");  // idle
+  write(gpu / "current_link_width", "16");
+  write(gpu / "max_link_speed", "16.0 GT/s PCIe");
+  write(gpu / "max_link_width", "16");
+  write(port / "max_link_speed", "8.0 GT/s PCIe");
+  write(port / "max_link_width", "16");
+  probed_device d;
+  read_pci_link(t.path / "bus", "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_gen, 1);
+  EXPECT_EQ(d.pcie_max_gen, 3);
+  EXPECT_EQ(d.pcie_max_width, 16);
+  EXPECT_NEAR(pcie_copy_estimate(d), 0.8 * 0.985 * 16 * 1e9, 1e6);
+  write(port / "max_link_speed", "16.0 GT/s PCIe");
+  write(port / "max_link_width", "8");  // an x16 card in an x8 slot
+  read_pci_link(t.path / "bus", "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_max_gen, 4);
+  EXPECT_EQ(d.pcie_max_width, 8);
+  EXPECT_NEAR(pcie_copy_estimate(d), 0.8 * 1.969 * 8 * 1e9, 1e6);
+  std::filesystem::remove(port / "max_link_speed");  // a port that does not say: the device's own
+  std::filesystem::remove(port / "max_link_width");
+  read_pci_link(t.path / "bus", "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_max_gen, 4);
+  EXPECT_EQ(d.pcie_max_width, 16);
+  EXPECT_NEAR(pcie_copy_estimate(d) / 1e9, 25.2, 0.01);
+  probed_device current_only;  // no maximum known: the current link
+  current_only.pcie_gen = 3, current_only.pcie_width = 4;
+  EXPECT_NEAR(pcie_copy_estimate(current_only), 0.8 * 0.985 * 4 * 1e9, 1e6);
+  EXPECT_EQ(pcie_copy_estimate(probed_device{}), 0);
+  // A cache written before the maximum was recorded still loads (the new fields default).
+  device_inventory inv;
+  inv.devices.push_back(d);
+  auto j = nlohmann::json::parse(inventory_to_json(inv));
+  j["devices"][0].erase("pcie_max_gen");
+  j["devices"][0].erase("pcie_max_width");
+  auto old = inventory_from_json(j.dump());
+  ASSERT_TRUE(old.ok()) << old.message();
+  EXPECT_EQ(old->devices[0].pcie_max_gen, 0);
+  EXPECT_EQ(old->devices[0].pcie_gen, 1);
+}
+
+namespace {
+// Two GPUs as gpu_planning_inventory describes them (nothing measured): at their PCI addresses,
+// with their links' maximum.
+device_inventory two_described_gpus() {
+  device_inventory inv;
+  for (int g = 0; g < 2; ++g) {
+    probed_device d;
+    d.name = fmt::format("cuda:{}#{}", g, g);
+    d.kind = "cuda";
+    d.gpu = g;
+    d.gpu_name = "NVIDIA GeForce RTX 4090";
+    d.pci_bus_id = fmt::format("0000:0{}:00.0", g + 1);
+    d.upstream = {fmt::format("0000:00:0{}.0", g + 1)};  // each on its own root port
+    d.pcie_max_gen = 4, d.pcie_max_width = g == 0 ? 16 : 8;
+    inv.devices.push_back(d);
+  }
+  return inv;
+}
+
+// A probe of `gpus` as `plan --probe` caches it, measured at `when` copying at `alone` and `together`.
+device_inventory probe_of(device_inventory gpus, const std::string& when, double alone, double together) {
+  gpus.measured = true;
+  gpus.when = when;
+  gpus.fingerprint = "fp-" + when;  // another fingerprint per probe (other settings): any of them serves
+  for (auto& d : gpus.devices) {
+    d.h2d_bytes_per_s = d.d2h_bytes_per_s = alone;
+    d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = together;
+  }
+  return gpus;
+}
+}  // namespace
+
+// GPUs nothing measured now are planned with copy rates: the newest cached probe of the same GPUs
+// (another probe, of other GPUs or with problems, is ignored), else the PCIe estimate, split among
+// devices that share a link; the planner costs them (with_planning_copy_rates) only on GPUs whose
+// project states no rate.
+TEST(DeviceProbe, UnmeasuredGpusArePlannedAtACachedProbeElseThePcieEstimate) {
+  temp_dir t;
+  device_inventory est = two_described_gpus();
+  fill_copy_rates(est, t.path);  // an empty cache
+  EXPECT_NEAR(est.devices[0].h2d_bytes_per_s / 1e9, 25.2, 0.01);
+  EXPECT_NEAR(est.devices[1].d2h_bytes_per_s / 1e9, 12.6, 0.01);
+  EXPECT_EQ(est.devices[1].h2d_concurrent_bytes_per_s, est.devices[1].h2d_bytes_per_s);  // own root ports: nothing shared
+  EXPECT_NE(est.rates_from.find("estimated from the PCIe links (cuda:0#0 gen 4 x16, cuda:1#1 gen 4 x8"), std::string::npos) << est.rates_from;
+  project_config cfg;
+  cfg.parallel.devices = "cuda:0,1";
+  EXPECT_NEAR(with_planning_copy_rates(cfg, &est).offload.copy_gbps, 12.6, 0.01);  // the slowest
+  EXPECT_TRUE(with_planning_copy_rates(cfg, &est).offload.copy_links.empty());
+  project_config stated = cfg;
+  stated.offload.copy_gbps = 3;  // the project's own rate wins
+  EXPECT_EQ(with_planning_copy_rates(stated, &est).offload.copy_gbps, 3);
+  EXPECT_EQ(with_planning_copy_rates(cfg, nullptr).offload.copy_gbps, 0);
+  project_config three = cfg;
+  three.parallel.devices = "cuda:0,1,2";  // an inventory of other devices
+  EXPECT_EQ(with_planning_copy_rates(three, &est).offload.copy_gbps, 0);
+  device_inventory cpu = est;
+  for (auto& d : cpu.devices) d.gpu = -1;  // CPU virtual devices: their throttle is offload.copy_gbps itself
+  EXPECT_EQ(with_planning_copy_rates(cfg, &cpu).offload.copy_gbps, 0);
+  device_inventory unknown = two_described_gpus();
+  for (auto& d : unknown.devices) d.pcie_max_gen = 0;
+  fill_copy_rates(unknown, t.path);
+  EXPECT_EQ(unknown.rates_from, "");
+  EXPECT_EQ(with_planning_copy_rates(cfg, &unknown).offload.copy_gbps, 0);  // nothing known: copies stay free
+
+  // Two pipeline devices on one GPU share its link: half each at once, and the link is costed as shared.
+  device_inventory same = two_described_gpus();
+  same.devices[1].gpu = 0, same.devices[1].pci_bus_id = same.devices[0].pci_bus_id, same.devices[1].upstream = same.devices[0].upstream;
+  same.devices[1].pcie_max_width = 16;
+  fill_copy_rates(same, t.path);
+  EXPECT_NEAR(same.devices[1].h2d_concurrent_bytes_per_s / 1e9, 12.6, 0.01);
+  project_config on_one = cfg;
+  on_one.parallel.devices = "cuda:0,0";
+  EXPECT_EQ(with_planning_copy_rates(on_one, &same).offload.copy_links, "0,0");
+  EXPECT_NEAR(with_planning_copy_rates(on_one, &same).offload.copy_gbps, 25.2, 0.01);
+
+  // Cached probes: the newest of the same GPUs is used, whatever its fingerprint.
+  ASSERT_TRUE(save_cached_inventory(t.path, probe_of(two_described_gpus(), "2026-11-01T10:00:00Z", 9e9, 8e9)).ok());
+  ASSERT_TRUE(save_cached_inventory(t.path, probe_of(two_described_gpus(), "2026-12-01T10:00:00Z", 11e9, 10e9)).ok());
+  device_inventory moved = two_described_gpus();
+  moved.devices[1].pci_bus_id = "0000:0a:00.0";  // the card in another slot
+  ASSERT_TRUE(save_cached_inventory(t.path, probe_of(moved, "2026-12-05T10:00:00Z", 20e9, 20e9)).ok());
+  device_inventory failed = probe_of(two_described_gpus(), "2026-12-06T10:00:00Z", 30e9, 30e9);
+  failed.devices[0].error = "cuda:0#0: copy failed";
+  ASSERT_TRUE(save_cached_inventory(t.path, failed).ok());
+  device_inventory cached = two_described_gpus();
+  fill_copy_rates(cached, t.path);
+  EXPECT_EQ(cached.devices[0].h2d_bytes_per_s, 11e9);
+  EXPECT_EQ(cached.devices[1].d2h_concurrent_bytes_per_s, 10e9);
+  EXPECT_NE(cached.rates_from.find("the probe of 2026-12-01T10:00:00Z"), std::string::npos) << cached.rates_from;
+  EXPECT_NEAR(with_planning_copy_rates(cfg, &cached).offload.copy_gbps, 10, 1e-9);  // the slowest all at once
+  device_inventory other_order = two_described_gpus();
+  std::swap(other_order.devices[0], other_order.devices[1]);  // cuda:1,0: not the probe's order
+  fill_copy_rates(other_order, t.path);
+  EXPECT_NE(other_order.rates_from.find("estimated"), std::string::npos) << other_order.rates_from;
 }

@@ -2,18 +2,22 @@
 // as text (set_project_field), what-if answers equal to planning the changed project directly, the
 // device shorthands (+N/-N, p2p), the largest sequence length and micro-batch that fit (one more is
 // refused by the same memory plan), writing the plan's choices into a project file, the layer
-// profiler with its cache, and shared host links with the device order checked by the simulator.
+// profiler with its cache, shared host links with the device order checked by the simulator, and
+// GPU copy rates costing the choices.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/base/file_io.h"
 #include "core/engine/compute_profile.h"
+#include "core/engine/device_inventory.h"
 #include "core/engine/plan_questions.h"
 #include "core/engine/plan_report.h"
+#include "core/pipeline/partition_search.h"
 #include "core/train/layer_profile.h"
 #include "test_paths.h"
 
@@ -224,6 +228,53 @@ TEST(PlanQuestions, AProbedGpuMemoryBoundsTheChoice) {
   // CPU virtual devices without a limit stay unbounded (their probed capacity is a stand-in).
   for (auto& d : probed.devices) d.gpu = -1;
   EXPECT_EQ(make_plan(c, 100, &probed)->memory_bound_mb, 0);
+}
+
+// On GPUs whose project states no copy rate, the choices cost copies at the inventory's rates (a
+// cached probe or the PCIe estimate: gpu_planning_inventory), the same as with offload.copy_gbps set
+// to that rate, and not as free; what is recorded, and the memory plan the executor checks, keep
+// the project's own copy settings. (Fake GPUs on CPU virtual devices: the choices are the same code.)
+TEST(PlanQuestions, GpuCopyRatesCostTheChoicesAsTheTrainersDo) {
+  project_config c = stories_pipeline();
+  c.parallel.schedule = c.parallel.partition = "auto";
+  c.offload.copy_gbps = 0;
+  device_inventory gpus;
+  gpus.devices.resize(2);
+  for (int g = 0; g < 2; ++g) {
+    auto& d = gpus.devices[static_cast<size_t>(g)];
+    d.gpu = g;
+    d.h2d_bytes_per_s = d.d2h_bytes_per_s = d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = 0.2e9;
+  }
+  gpus.rates_from = "estimated from the PCIe links (test)";
+  project_config stated = c;
+  stated.offload.copy_gbps = 0.2;
+  const auto free = make_plan(c, 100), costed = make_plan(c, 100, &gpus), as_stated = make_plan(stated, 100);
+  ASSERT_TRUE(free.ok() && costed.ok() && as_stated.ok()) << free.message() << costed.message() << as_stated.message();
+  const auto label = [](const plan_report& r) {
+    return fmt::format("{} x{} {} / {}", r.schedule, r.prog.micro_batches, partition_text(r.partition.sizes), backward_partition_text(r.partition));
+  };
+  EXPECT_EQ(label(*costed), label(*as_stated));
+  ASSERT_NE(label(*free), label(*as_stated)) << "the test needs a choice that copies at 0.2 GB/s change";
+  EXPECT_NEAR(costed->sim.makespan_s, as_stated->sim.makespan_s, 1e-9 * as_stated->sim.makespan_s);  // the prediction too
+  EXPECT_EQ(costed->copy_rates, "0.20 GB/s, estimated from the PCIe links (test)");
+  EXPECT_EQ(free->copy_rates, "");
+  EXPECT_EQ(make_plan(stated, 100, &gpus)->copy_rates, "");  // a stated rate is the project's
+  // The trainer's resolution chooses alike and records the project's copy settings.
+  auto resolved = resolve_project_schedule(c, &gpus);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(resolved->parallel.schedule, costed->schedule);
+  EXPECT_EQ(resolved->parallel.partition, partition_text(costed->partition.sizes));
+  EXPECT_EQ(resolved->parallel.backward_partition, backward_partition_text(costed->partition));
+  EXPECT_EQ(resolved->offload.copy_gbps, 0);
+  EXPECT_EQ(resolved->offload.copy_links, "");
+  // The memory plan shown is the executor's: made with the recorded project (free copies), not the rates.
+  const auto recorded = make_plan(*resolved, 100);
+  ASSERT_TRUE(recorded.ok()) << recorded.message();
+  ASSERT_EQ(recorded->memory.devices.size(), costed->memory.devices.size());
+  for (size_t d = 0; d < recorded->memory.devices.size(); ++d) {
+    EXPECT_EQ(recorded->memory.devices[d].peak_bytes, costed->memory.devices[d].peak_bytes) << d;
+    EXPECT_EQ(recorded->memory.devices[d].expected_peak_bytes, costed->memory.devices[d].expected_peak_bytes) << d;
+  }
 }
 
 TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {

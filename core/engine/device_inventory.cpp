@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/base/file_io.h"
 #include "core/train/pipeline_setup.h"
 #include "offload/device.h"
 
@@ -49,7 +50,7 @@ result<probe_outcome> probe_project_devices(const project_config& cfg, const pro
   return out;
 }
 
-std::optional<device_inventory> gpu_memory_inventory(const project_config& cfg) {
+std::optional<device_inventory> gpu_planning_inventory(const project_config& cfg, const std::filesystem::path& cache_dir) {
   if (cfg.distributed.processes > 1) return std::nullopt;  // every rank must choose alike, and other hosts' GPUs are not seen here
   auto budgets = gpu_device_budgets(cfg.parallel.devices);
   auto facts = describe_devices(cfg.parallel.devices);
@@ -57,12 +58,14 @@ std::optional<device_inventory> gpu_memory_inventory(const project_config& cfg) 
   device_inventory inv;
   for (size_t i = 0; i < facts->size(); ++i) {
     probed_device d;
+    if ((*facts)[i].gpu >= 0) (void)describe_gpu((*facts)[i].gpu, d);  // unknown facts stay unknown (an estimate of 0: free copies)
     d.name = (*facts)[i].name;
     d.kind = "cuda";
     d.gpu = (*facts)[i].gpu;
     d.capacity_bytes = (*budgets)[i];
     inv.devices.push_back(std::move(d));
   }
+  fill_copy_rates(inv, cache_dir.empty() ? default_probe_cache_dir() : cache_dir);
   return inv;
 }
 
@@ -147,6 +150,71 @@ project_config with_probed_bandwidth(const project_config& cfg, const device_inv
     out.offload.copy_links = fmt::format("{}", fmt::join(link, ","));
   }
   return out;
+}
+
+namespace {
+
+// The newest complete probe without errors in `dir` of the same GPUs as `inv`, in the same order.
+std::optional<device_inventory> cached_probe_of(const device_inventory& inv, const std::filesystem::path& dir) {
+  const auto same_gpus = [&](const device_inventory& c) {
+    if (c.devices.size() != inv.devices.size()) return false;
+    for (size_t i = 0; i < c.devices.size(); ++i) {
+      const auto &a = c.devices[i], &b = inv.devices[i];
+      if (a.gpu != b.gpu || a.pci_bus_id.empty() || a.pci_bus_id != b.pci_bus_id || a.gpu_name != b.gpu_name) return false;
+    }
+    return true;
+  };
+  std::optional<device_inventory> best;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string file = it->path().filename().string();
+    if (file.rfind("devices-", 0) != 0 || it->path().extension() != ".json") continue;
+    auto text = read_text_file(it->path());
+    auto c = text ? inventory_from_json(*text) : result<device_inventory>(make_error("unreadable"));
+    if (!c || !c->measured || !c->complete || !c->ok() || !same_gpus(*c)) continue;
+    if (!best || c->when > best->when) best = std::move(*c);  // ISO 8601 UTC: text order is time order
+  }
+  return best;
+}
+
+}  // namespace
+
+void fill_copy_rates(device_inventory& inv, const std::filesystem::path& cache_dir) {
+  if (inv.devices.empty() || inv.measured) return;
+  if (auto cached = cached_probe_of(inv, cache_dir)) {
+    for (size_t i = 0; i < inv.devices.size(); ++i) {
+      auto &d = inv.devices[i];
+      const auto& c = cached->devices[i];
+      d.h2d_bytes_per_s = c.h2d_bytes_per_s, d.d2h_bytes_per_s = c.d2h_bytes_per_s;
+      d.h2d_concurrent_bytes_per_s = c.h2d_concurrent_bytes_per_s, d.d2h_concurrent_bytes_per_s = c.d2h_concurrent_bytes_per_s;
+    }
+    inv.rates_from = fmt::format("measured by the probe of {} (cached in {})", cached->when, cache_dir.string());
+    return;
+  }
+  // Devices sharing a link split it when all copy at once.
+  std::vector<size_t> sharing(inv.devices.size(), 1);
+  for (const auto& g : link_groups(inv))
+    for (int d : g) sharing[static_cast<size_t>(d)] = g.size();
+  std::vector<std::string> links;
+  for (size_t i = 0; i < inv.devices.size(); ++i) {
+    auto& d = inv.devices[i];
+    const double alone = pcie_copy_estimate(d);
+    d.h2d_bytes_per_s = d.d2h_bytes_per_s = alone;
+    d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = alone / static_cast<double>(sharing[i]);
+    const int gen = d.pcie_max_gen > 0 ? d.pcie_max_gen : d.pcie_gen, width = d.pcie_max_width > 0 ? d.pcie_max_width : d.pcie_width;
+    links.push_back(alone > 0 ? fmt::format("{} gen {} x{}", d.name, gen, width) : d.name + " unknown");
+  }
+  const bool any = std::any_of(inv.devices.begin(), inv.devices.end(), [](const probed_device& d) { return d.h2d_bytes_per_s > 0; });
+  if (any) inv.rates_from = fmt::format("estimated from the PCIe links ({}; plan --probe measures them)", fmt::join(links, ", "));
+}
+
+project_config with_planning_copy_rates(const project_config& cfg, const device_inventory* inv) {
+  if (cfg.offload.copy_gbps > 0 || inv == nullptr || inv->devices.empty()) return cfg;
+  if (static_cast<int64_t>(inv->devices.size()) != device_count(cfg.parallel.devices)) return cfg;
+  const auto gpu = [](const probed_device& d) { return d.gpu >= 0; };
+  const auto rated = [](const probed_device& d) { return d.h2d_bytes_per_s > 0 || d.d2h_bytes_per_s > 0; };
+  if (!std::all_of(inv->devices.begin(), inv->devices.end(), gpu) || !std::any_of(inv->devices.begin(), inv->devices.end(), rated)) return cfg;
+  return with_probed_bandwidth(cfg, *inv);  // (a device of unknown rate is costed as the slowest known)
 }
 
 project_config with_device_order(const project_config& cfg, const std::vector<int>& order) {

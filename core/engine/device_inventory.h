@@ -32,14 +32,22 @@ std::filesystem::path default_probe_cache_dir();
 // Devices a probe abandoned with a copy in flight are not destroyed (their engine thread may still
 // be blocked in a driver); they are left behind deliberately, and reported in the inventory.
 result<probe_outcome> probe_project_devices(const project_config& cfg, const probe_request& req);
-// The project's GPU devices with what each will reserve (gpu_device_budgets: 90% of the GPU's free
-// memory now, split between the devices on it) and nothing measured: what bounds the planner's
-// choices when offload.device_memory_mb is 0, as a probe's capacities would. Read by `train` and
+// The project's GPU devices as the planner's choices see them without `plan --probe`: what each
+// will reserve (gpu_device_budgets: 90% of the GPU's free memory now, split between the devices on
+// it), each GPU's static facts (describe_gpu: PCIe link, the bridges above it) and copy rates from
+// fill_copy_rates (a cached probe of the same GPUs, else the PCIe estimate). Read by `train` and
 // `plan` (never by the GUI, which keeps CUDA out of its process: a context there would hold GPU memory
 // the training process needs). nullopt for CPU virtual devices, without CUDA, when unreadable, and
 // over several processes (every rank must choose alike, and other hosts' GPUs are not seen here:
-// set offload.device_memory_mb there).
-std::optional<device_inventory> gpu_memory_inventory(const project_config& cfg);
+// set offload.device_memory_mb and offload.copy_gbps there). cache_dir empty: default_probe_cache_dir().
+std::optional<device_inventory> gpu_planning_inventory(const project_config& cfg, const std::filesystem::path& cache_dir = {});
+// Copy rates for GPUs nothing measured now: the newest probe in `cache_dir` of the same GPUs (same
+// models at the same PCI addresses, in the same order; complete and without errors), whatever the
+// other settings were; else each GPU's PCIe estimate (pcie_copy_estimate) alone, divided among the
+// devices that share a link (the same GPU, or a bridge above them) for the rates all at once. Fills
+// the devices' h2d/d2h rates and inv.rates_from; leaves them at 0 (free copies) when no GPU's link is
+// known. Only for inventories of GPUs that were not measured.
+void fill_copy_rates(device_inventory& inv, const std::filesystem::path& cache_dir);
 // The project as the planner should cost it on the probed devices: offload.copy_gbps becomes the
 // slowest copy rate measured with all devices copying at once (both directions), so the simulator's
 // copies take what the hardware gives (CUDA devices otherwise plan with free copies). Where devices
@@ -48,6 +56,12 @@ std::optional<device_inventory> gpu_memory_inventory(const project_config& cfg);
 // among their copies in flight) and offload.copy_gbps is the slowest rate measured alone. Unchanged when
 // nothing was measured.
 project_config with_probed_bandwidth(const project_config& cfg, const device_inventory& inv);
+// The project as the planner's choices cost it: on GPUs whose copy rate the project leaves unstated
+// (offload.copy_gbps 0), with the rates in `inv` (with_probed_bandwidth: a probe's, a cached probe's
+// or the PCIe estimate); unchanged for CPU virtual devices, a stated rate, or no rates. Only choices
+// and predictions use it: the run records, and the executor's memory plan uses, the project's own
+// copy settings.
+project_config with_planning_copy_rates(const project_config& cfg, const device_inventory* inv);
 
 // Mobius' cross mapping: which GPU runs each pipeline position. Neighbouring stages prefetch their
 // weights at overlapping times, so they should not sit behind one upstream PCIe link. Two devices

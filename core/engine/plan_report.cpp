@@ -59,9 +59,11 @@ result<project_config> resolve_project_schedule(const project_config& cfg, const
   LP_TRY_ASSIGN(mc, project_model_config(cfg));
   // Chosen to fit the GPUs' memory even when the project sets no limit; recorded as set.
   const double bound_mb = choice_bound_mb(cfg, gpus);
-  auto out = resolve_auto_schedule(with_bound(cfg, bound_mb), mc, project_compute_rates(cfg, mc));
+  auto out = resolve_auto_schedule(with_bound(with_planning_copy_rates(cfg, gpus), bound_mb), mc, project_compute_rates(cfg, mc));
   if (!out) return make_error("{}", bound_named(out.message(), cfg, bound_mb));
   out->offload.device_memory_mb = cfg.offload.device_memory_mb;
+  out->offload.copy_gbps = cfg.offload.copy_gbps;
+  out->offload.copy_links = cfg.offload.copy_links;
   return out;
 }
 
@@ -70,7 +72,7 @@ result<project_config> resolve_project_schedule(const project_config& cfg) {
   const auto& par = cfg.parallel;
   const bool rr = par.schedule == "auto" || par.schedule == "round-robin";
   const bool chooses = par.schedule == "auto" || par.partition == "auto" || (rr && par.backward_partition == "auto") || cfg.offload.automatic;
-  const auto gpus = chooses && cfg.offload.device_memory_mb <= 0 ? gpu_memory_inventory(cfg) : std::nullopt;
+  const auto gpus = chooses ? gpu_planning_inventory(cfg) : std::nullopt;
   return resolve_project_schedule(cfg, gpus ? &*gpus : nullptr);
 }
 
@@ -89,9 +91,15 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     const compute_rates predict = r.measured ? rates : compute_rates(gflops);
     r.compute = predict.describe();
     // Without offload.device_memory_mb, the GPUs' memory bounds the choices (a probe's capacities:
-    // the trainer reads gpu_memory_inventory).
+    // the trainer reads gpu_planning_inventory).
     const double bound_mb = choice_bound_mb(cfg_in, probe);
-    auto offloaded = resolve_auto_offload(with_bound(cfg_in, bound_mb), mc, rates, &r.offload_auto);
+    // On GPUs without offload.copy_gbps the choices cost copies at the inventory's rates, as the trainer's.
+    const project_config costed = with_planning_copy_rates(cfg_in, probe);
+    if (costed.offload.copy_gbps != cfg_in.offload.copy_gbps)
+      r.copy_rates = fmt::format("{:.2f} GB/s{}, {}", costed.offload.copy_gbps,
+                                 costed.offload.copy_links.empty() ? "" : " a shared link (offload.copy_links " + costed.offload.copy_links + ")",
+                                 probe->measured ? "measured by the probe" : probe->rates_from);
+    auto offloaded = resolve_auto_offload(with_bound(costed, bound_mb), mc, rates, &r.offload_auto);
     if (!offloaded) return make_error("{}", bound_named(offloaded.message(), cfg_in, bound_mb));
     project_config cfg = std::move(*offloaded);
     r.stream_weights = cfg.offload.stream_weights;
@@ -120,9 +128,12 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.device_speeds = pipelined ? speeds : std::vector<double>{1.0};
     LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, r.partition.sizes, r.partition.backward_sizes));
     r.prog = std::move(prog);
-    // The memory plan is the one the executor checks: the trainer's inputs, not gflops or the probe.
+    // The memory plan is the one the executor checks: the trainer's inputs (the project's own copy
+    // settings), not gflops or the probe.
+    cfg.offload.copy_gbps = cfg_in.offload.copy_gbps;
+    cfg.offload.copy_links = cfg_in.offload.copy_links;
     r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);
-    if (probe != nullptr && probe->measured) cfg = with_probed_bandwidth(cfg, *probe);  // (gpu_memory_inventory measures nothing)
+    cfg = probe != nullptr && probe->measured ? with_probed_bandwidth(cfg, *probe) : with_planning_copy_rates(cfg, probe);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);
@@ -170,7 +181,7 @@ status check_project_memory(const project_config& cfg, const device_inventory* g
 }
 
 status check_project_memory(const project_config& cfg) {
-  const auto gpus = cfg.offload.device_memory_mb > 0 ? std::nullopt : gpu_memory_inventory(cfg);
+  const auto gpus = gpu_planning_inventory(cfg);
   return check_project_memory(cfg, gpus ? &*gpus : nullptr);
 }
 

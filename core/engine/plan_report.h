@@ -58,13 +58,19 @@ struct plan_report {
   std::string memory_refusal;
   // The bound the choices were made to fit, in MiB a device (0: unbounded).
   double memory_bound_mb = 0;
+  // How the choices costed copies on GPUs whose rate the project leaves unstated
+  // (with_planning_copy_rates): "12.60 GB/s, estimated from the PCIe links (...)"; empty when they
+  // used the project's offload.copy_gbps (or free copies, without any rate known).
+  std::string copy_rates;
 };
 
 // The choices (schedule auto, partition auto) are made with the trainer's inputs: the layer profile
 // (`profile`, else the project's cached one: project_compute_rates), else FLOPs at
 // auto_schedule_gflops. Without a profile `gflops` sets the prediction; the probe's measured copy
-// rate (with_probed_bandwidth), when given, costs the copies. The choices fit offload.device_memory_mb,
-// or when it is 0 the GPU devices' capacities in the probe (a probe, or gpu_memory_inventory as the
+// rate (with_probed_bandwidth), when given, costs the copies. On GPUs without offload.copy_gbps, the
+// choices too cost copies at the probe's rates (gpu_planning_inventory's: a cached probe, or the
+// PCIe estimate), as the trainer's do. The choices fit offload.device_memory_mb,
+// or when it is 0 the GPU devices' capacities in the probe (a probe, or gpu_planning_inventory as the
 // trainer uses), the smallest device's for all.
 result<plan_report> make_plan(const project_config& cfg, double gflops, const device_inventory* probe = nullptr,
                               std::shared_ptr<const measured_compute> profile = nullptr);
@@ -73,7 +79,7 @@ result<plan_report> make_plan(const project_config& cfg, double gflops, const de
 // GPUs without it, 90% of their free memory) is refused with check_memory_plan's message (a no-op
 // on CPU virtual devices without a limit). `cfg`'s schedule resolved.
 status check_project_memory(const project_config& cfg);
-// The same with the GPU devices' capacities from `gpus` (gpu_memory_inventory; nullptr: unbounded
+// The same with the GPU devices' capacities from `gpus` (gpu_planning_inventory; nullptr: unbounded
 // without a limit).
 status check_project_memory(const project_config& cfg, const device_inventory* gpus);
 
@@ -81,10 +87,12 @@ status check_project_memory(const project_config& cfg, const device_inventory* g
 result<llama_config> project_model_config(const project_config& cfg);
 // The project with parallel.schedule "auto" and, for a pipeline, parallel.partition "auto" resolved
 // (resolve_auto_schedule with project_compute_rates). What a run records and trains.
-// Its choices fit offload.device_memory_mb, or when that is 0 the GPUs' memory now
-// (gpu_memory_inventory, read only when something is to be chosen).
+// Its choices fit offload.device_memory_mb, or when that is 0 the GPUs' memory now, and cost copies
+// on GPUs at offload.copy_gbps, or when that is 0 at gpu_planning_inventory's rates (read only when
+// something is to be chosen). The copy settings recorded are the project's own.
 result<project_config> resolve_project_schedule(const project_config& cfg);
-// The same with the GPU devices' capacities taken from `gpus` (nullptr: unbounded without a limit).
+// The same with the GPU devices' capacities and copy rates taken from `gpus` (nullptr: unbounded
+// without a limit, copies at offload.copy_gbps).
 result<project_config> resolve_project_schedule(const project_config& cfg, const device_inventory* gpus);
 
 // offload.auto's choice in words (empty when offload.auto was off): the settings planned, what

@@ -61,7 +61,8 @@ TEST(CudaProfile, ProfilesTheLayersOnTheGpuAndPlansWithThem) {
 
 // Without offload.device_memory_mb the GPUs' free memory bounds what auto chooses: the inventory
 // splits 90% of cuda:0's free memory between its two devices, the trainer's resolution plans within
-// it, and a plan over it is refused before a run is recorded (check_project_memory).
+// it, and a plan over it is refused before a run is recorded (check_project_memory); the choices
+// cost copies at the GPU's PCIe estimate (or a cached probe).
 TEST(CudaPlan, TheGpusFreeMemoryBoundsTheChoiceWithoutALimit) {
   project_config c;
   c.model.path = (test_data_dir() / "models/stories260K/hf").string();
@@ -69,11 +70,22 @@ TEST(CudaPlan, TheGpusFreeMemoryBoundsTheChoiceWithoutALimit) {
   c.parallel.devices = "cuda:0,0";
   c.run.batch_size = 8;
   c.data.seq_len = 128;
-  const auto inv = gpu_memory_inventory(c);
+  const auto inv = gpu_planning_inventory(c);
   ASSERT_TRUE(inv.has_value());
   ASSERT_EQ(inv->devices.size(), 2u);
   EXPECT_EQ(inv->devices[0].capacity_bytes, inv->devices[1].capacity_bytes);
   EXPECT_GT(inv->devices[0].capacity_bytes, size_t{64} << 20);
+  // Its copy rates: a cached probe of this GPU, else its PCIe link's estimate (where sysfs tells it);
+  // the choices cost copies at them.
+  std::printf("cuda:0 PCIe gen %d x%d (up to gen %d x%d), planned at %.2f GB/s: %s\n", inv->devices[0].pcie_gen, inv->devices[0].pcie_width,
+              inv->devices[0].pcie_max_gen, inv->devices[0].pcie_max_width, inv->devices[0].h2d_bytes_per_s / 1e9, inv->rates_from.c_str());
+  if (inv->devices[0].pcie_max_gen > 0 || inv->devices[0].pcie_gen > 0) {
+    EXPECT_GT(inv->devices[0].h2d_bytes_per_s, 1e9);
+    EXPECT_NE(inv->rates_from, "");
+    auto planned = make_plan(c, 100, &*inv);
+    ASSERT_TRUE(planned.ok()) << planned.message();
+    EXPECT_NE(planned->copy_rates, "");
+  }
   auto resolved = resolve_project_schedule(c);
   ASSERT_TRUE(resolved.ok()) << resolved.message();
   EXPECT_NE(resolved->parallel.schedule, "auto");
