@@ -418,6 +418,11 @@ TEST(DeviceProbe, PcieMaximumIsTheLowerOfDeviceAndPortAndSetsTheEstimate) {
   EXPECT_EQ(d.pcie_max_gen, 4);
   EXPECT_EQ(d.pcie_max_width, 16);
   EXPECT_NEAR(pcie_copy_estimate(d) / 1e9, 25.2, 0.01);
+  std::filesystem::remove(gpu / "max_link_speed");  // the device does not say: its port's bound
+  write(port / "max_link_speed", "8.0 GT/s PCIe");
+  read_pci_link(t.path / "bus", "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_max_gen, 3);
+  EXPECT_EQ(d.upstream, std::vector<std::string>{"0000:00:01.0"});
   probed_device current_only;  // no maximum known: the current link
   current_only.pcie_gen = 3, current_only.pcie_width = 4;
   EXPECT_NEAR(pcie_copy_estimate(current_only), 0.8 * 0.985 * 4 * 1e9, 1e6);
@@ -524,6 +529,30 @@ TEST(DeviceProbe, UnmeasuredGpusArePlannedAtACachedProbeElseThePcieEstimate) {
   EXPECT_EQ(cached.devices[1].d2h_concurrent_bytes_per_s, 10e9);
   EXPECT_NE(cached.rates_from.find("the probe of 2026-12-01T10:00:00Z"), std::string::npos) << cached.rates_from;
   EXPECT_NEAR(with_planning_copy_rates(cfg, &cached).offload.copy_gbps, 10, 1e-9);  // the slowest all at once
+  device_inventory incomplete = probe_of(two_described_gpus(), "2026-12-07T10:00:00Z", 40e9, 40e9);
+  incomplete.complete = false;  // the probe's deadline passed: not reused
+  ASSERT_TRUE(save_cached_inventory(t.path, incomplete).ok());
+  device_inventory unmeasured = probe_of(two_described_gpus(), "2026-12-07T11:00:00Z", 50e9, 50e9);
+  unmeasured.measured = false;
+  ASSERT_TRUE(save_cached_inventory(t.path, unmeasured).ok());
+  device_inventory other_model = probe_of(two_described_gpus(), "2026-12-07T12:00:00Z", 60e9, 60e9);
+  other_model.devices[0].gpu_name = "NVIDIA GeForce RTX 3090";  // the card swapped at the same address
+  ASSERT_TRUE(save_cached_inventory(t.path, other_model).ok());
+  std::ofstream(t.path / "devices-corrupt.json") << "{ not json";
+  device_inventory newest = two_described_gpus();
+  fill_copy_rates(newest, t.path);
+  EXPECT_EQ(newest.devices[0].h2d_bytes_per_s, 11e9) << newest.rates_from;  // still the 2026-12-01 probe
+  // A probe `plan --probe` just made with problems costs no choice (train would not find it cached).
+  device_inventory troubled = probe_of(two_described_gpus(), "now", 5e9, 5e9);
+  troubled.devices[1].error = "cuda:1#1: copy failed";
+  EXPECT_EQ(with_planning_copy_rates(cfg, &troubled).offload.copy_gbps, 0);
+  troubled.devices[1].error.clear();
+  EXPECT_NEAR(with_planning_copy_rates(cfg, &troubled).offload.copy_gbps, 5, 1e-9);
+  fill_copy_rates(unknown, t.path / "no such directory");  // a cache directory that does not exist: the estimate
+  EXPECT_EQ(unknown.rates_from, "");
+  device_inventory missing_dir = two_described_gpus();
+  fill_copy_rates(missing_dir, t.path / "no such directory");
+  EXPECT_NEAR(missing_dir.devices[0].h2d_bytes_per_s / 1e9, 25.2, 0.01);
   device_inventory other_order = two_described_gpus();
   std::swap(other_order.devices[0], other_order.devices[1]);  // cuda:1,0: not the probe's order
   fill_copy_rates(other_order, t.path);

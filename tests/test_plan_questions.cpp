@@ -232,8 +232,9 @@ TEST(PlanQuestions, AProbedGpuMemoryBoundsTheChoice) {
 
 // On GPUs whose project states no copy rate, the choices cost copies at the inventory's rates (a
 // cached probe or the PCIe estimate: gpu_planning_inventory), the same as with offload.copy_gbps set
-// to that rate, and not as free; what is recorded, and the memory plan the executor checks, keep
-// the project's own copy settings. (Fake GPUs on CPU virtual devices: the choices are the same code.)
+// to that rate, and not as free; the run records that rate, so the memory plan the executor makes
+// from the recorded project is the one the choices were fitted with, and a choice made to fit the
+// GPUs passes the check before launch. (Fake GPUs on CPU virtual devices: the choices are the same code.)
 TEST(PlanQuestions, GpuCopyRatesCostTheChoicesAsTheTrainersDo) {
   project_config c = stories_pipeline();
   c.parallel.schedule = c.parallel.partition = "auto";
@@ -259,22 +260,45 @@ TEST(PlanQuestions, GpuCopyRatesCostTheChoicesAsTheTrainersDo) {
   EXPECT_EQ(costed->copy_rates, "0.20 GB/s, estimated from the PCIe links (test)");
   EXPECT_EQ(free->copy_rates, "");
   EXPECT_EQ(make_plan(stated, 100, &gpus)->copy_rates, "");  // a stated rate is the project's
-  // The trainer's resolution chooses alike and records the project's copy settings.
+  project_config ranks = c;
+  ranks.distributed.processes = 2;  // several processes: no rank reads the GPUs, so none costs at them
+  EXPECT_EQ(with_planning_copy_rates(ranks, &gpus).offload.copy_gbps, 0);
+  // The trainer's resolution chooses alike and records the rate.
   auto resolved = resolve_project_schedule(c, &gpus);
   ASSERT_TRUE(resolved.ok()) << resolved.message();
   EXPECT_EQ(resolved->parallel.schedule, costed->schedule);
+  EXPECT_EQ(resolved->parallel.micro_batches, costed->prog.micro_batches);
   EXPECT_EQ(resolved->parallel.partition, partition_text(costed->partition.sizes));
   EXPECT_EQ(resolved->parallel.backward_partition, backward_partition_text(costed->partition));
-  EXPECT_EQ(resolved->offload.copy_gbps, 0);
+  EXPECT_DOUBLE_EQ(resolved->offload.copy_gbps, 0.2);
   EXPECT_EQ(resolved->offload.copy_links, "");
-  // The memory plan shown is the executor's: made with the recorded project (free copies), not the rates.
-  const auto recorded = make_plan(*resolved, 100);
-  ASSERT_TRUE(recorded.ok()) << recorded.message();
-  ASSERT_EQ(recorded->memory.devices.size(), costed->memory.devices.size());
-  for (size_t d = 0; d < recorded->memory.devices.size(); ++d) {
-    EXPECT_EQ(recorded->memory.devices[d].peak_bytes, costed->memory.devices[d].peak_bytes) << d;
-    EXPECT_EQ(recorded->memory.devices[d].expected_peak_bytes, costed->memory.devices[d].expected_peak_bytes) << d;
+  // The executor's memory plan (pipeline_setup: the recorded project, auto_schedule_gflops) is the one shown.
+  const auto mc = project_model_config(c).value();
+  const memory_plan executors = project_memory_plan(costed->prog, mc, *resolved, auto_schedule_gflops);
+  ASSERT_EQ(executors.devices.size(), costed->memory.devices.size());
+  for (size_t d = 0; d < executors.devices.size(); ++d) {
+    EXPECT_EQ(executors.devices[d].peak_bytes, costed->memory.devices[d].peak_bytes) << d;
+    EXPECT_EQ(executors.devices[d].expected_peak_bytes, costed->memory.devices[d].expected_peak_bytes) << d;
   }
+  // Bounded by the GPUs' memory: what the choices fit passes the check before launch (begin_run's).
+  double peak = 0;
+  for (const auto& d : costed->memory.devices) peak = std::max(peak, static_cast<double>(d.peak_bytes));
+  double least = peak;
+  for (const auto& k : costed->schedule_candidates)
+    if (k.ok) least = std::min(least, static_cast<double>(k.peak_bytes));
+  ASSERT_LT(least, peak) << "the test needs a candidate smaller than the unbounded choice";
+  for (auto& d : gpus.devices) d.capacity_bytes = static_cast<size_t>((least + peak) / 2);  // below the unbounded choice's peak
+  auto bounded = resolve_project_schedule(c, &gpus);
+  ASSERT_TRUE(bounded.ok()) << bounded.message();
+  EXPECT_TRUE(check_project_memory(*bounded, &gpus).ok()) << check_project_memory(*bounded, &gpus).message();
+  EXPECT_NE(label(*make_plan(*bounded, 100, &gpus)), label(*costed));  // (so the bound changed the choice)
+  // Two pipeline devices on one GPU share its link: recorded as a shared link at the rate alone.
+  for (auto& d : gpus.devices) d.gpu = 0, d.upstream = {"0000:00:01.0"}, d.capacity_bytes = 0, d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = 0.1e9;
+  auto shared = resolve_project_schedule(c, &gpus);
+  ASSERT_TRUE(shared.ok()) << shared.message();
+  EXPECT_EQ(shared->offload.copy_links, "0,0");
+  EXPECT_DOUBLE_EQ(shared->offload.copy_gbps, 0.2);
+  EXPECT_NE(make_plan(c, 100, &gpus)->copy_rates.find("0.20 GB/s on shared links (offload.copy_links 0,0)"), std::string::npos);
 }
 
 TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {

@@ -180,6 +180,14 @@ QString fitText(const result<fit_limits>& f) {
       .arg(f->max_rows_per_micro_batch);
 }
 
+// On GPUs without offload.copy_gbps this page (which keeps CUDA out of its process) costs copies as
+// free, while `train` costs them at a cached probe or the PCIe estimate: said, so a user compares alike.
+QString gpuCopyText(const project_config& cfg) {
+  if (cfg.offload.copy_gbps > 0 || !QString::fromStdString(cfg.parallel.devices).startsWith("cuda")) return {};
+  return QObject::tr("<br>Copies are costed as free here (offload.copy_gbps is 0); training costs them at a cached probe of "
+                     "the GPUs, else at their PCIe links' rate: <tt>lorapipe-cli plan</tt> shows it");
+}
+
 // offload.auto's choice (empty when it is off).
 QString offloadChoiceText(const plan_report& p) {
   const std::string t = offload_choice_text(p);
@@ -265,7 +273,7 @@ void PlanPage::replan() {
                           .arg(p.head_chunk_rows)
                           .arg(mib(static_cast<double>(p.head_working_bytes)))
                           .arg(mib(static_cast<double>(p.full_logits_bytes))) +
-                      offloadChoiceText(p) + autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit));
+                      offloadChoiceText(p) + autoChoiceText(p) + partitionText(p) + memoryText(p) + fitText(o.fit) + gpuCopyText(cfg_));
     shown_ = summarize_plan(cfg_, p);
     shownProfile_ = p.measured;
     const project_config kept = with_plan_choices(cfg_, p);

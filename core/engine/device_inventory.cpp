@@ -209,7 +209,8 @@ void fill_copy_rates(device_inventory& inv, const std::filesystem::path& cache_d
 }
 
 project_config with_planning_copy_rates(const project_config& cfg, const device_inventory* inv) {
-  if (cfg.offload.copy_gbps > 0 || inv == nullptr || inv->devices.empty()) return cfg;
+  if (cfg.offload.copy_gbps > 0 || inv == nullptr || inv->devices.empty() || cfg.distributed.processes > 1) return cfg;
+  if (inv->measured && (!inv->ok() || !inv->complete)) return cfg;  // `train` would not find it cached
   if (static_cast<int64_t>(inv->devices.size()) != device_count(cfg.parallel.devices)) return cfg;
   const auto gpu = [](const probed_device& d) { return d.gpu >= 0; };
   const auto rated = [](const probed_device& d) { return d.h2d_bytes_per_s > 0 || d.d2h_bytes_per_s > 0; };

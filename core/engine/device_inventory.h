@@ -50,7 +50,7 @@ std::optional<device_inventory> gpu_planning_inventory(const project_config& cfg
 void fill_copy_rates(device_inventory& inv, const std::filesystem::path& cache_dir);
 // The project as the planner should cost it on the probed devices: offload.copy_gbps becomes the
 // slowest copy rate measured with all devices copying at once (both directions), so the simulator's
-// copies take what the hardware gives (CUDA devices otherwise plan with free copies). Where devices
+// copies take what the hardware gives (without any rate, copies would be planned as free). Where devices
 // share an upstream link that slows them (cross_mapping's groups), the links are costed instead:
 // offload.copy_links numbers the groups (also on GPUs: the simulator then divides one link each way
 // among their copies in flight) and offload.copy_gbps is the slowest rate measured alone. Unchanged when
@@ -58,9 +58,10 @@ void fill_copy_rates(device_inventory& inv, const std::filesystem::path& cache_d
 project_config with_probed_bandwidth(const project_config& cfg, const device_inventory& inv);
 // The project as the planner's choices cost it: on GPUs whose copy rate the project leaves unstated
 // (offload.copy_gbps 0), with the rates in `inv` (with_probed_bandwidth: a probe's, a cached probe's
-// or the PCIe estimate); unchanged for CPU virtual devices, a stated rate, or no rates. Only choices
-// and predictions use it: the run records, and the executor's memory plan uses, the project's own
-// copy settings.
+// or the PCIe estimate); unchanged for CPU virtual devices, a stated rate, no rates, a probe with
+// problems or incomplete (not what `train` will find cached), and several processes (whose ranks
+// plan without reading GPUs). A run records the result (offload.copy_gbps: on GPUs the planning
+// rate, never a throttle), so its memory plan and a resume cost copies alike.
 project_config with_planning_copy_rates(const project_config& cfg, const device_inventory* inv);
 
 // Mobius' cross mapping: which GPU runs each pipeline position. Neighbouring stages prefetch their

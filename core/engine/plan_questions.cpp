@@ -174,12 +174,16 @@ what_if_answer what_if(const project_config& cfg, const plan_summary& base, cons
     auto vk = vmc ? layer_profile_key(v->cfg, *vmc) : result<std::string>(vmc.err());
     same_key = k && vk && *k == *vk;
   }
-  auto rep = make_plan(v->cfg, gflops, same_devices ? probe : nullptr, same_key ? std::move(profile) : nullptr);
+  // Other GPUs are not in the probe: their copies are costed at the rate the plan's were, not as free.
+  project_config variant = v->cfg;
+  if (!same_devices && variant.offload.copy_gbps <= 0 && variant.parallel.devices.rfind("cuda:", 0) == 0)
+    variant.offload.copy_gbps = with_planning_copy_rates(cfg, probe).offload.copy_gbps;
+  auto rep = make_plan(variant, gflops, same_devices ? probe : nullptr, same_key ? std::move(profile) : nullptr);
   if (!rep) {
     a.error = rep.message();
     return a;
   }
-  a.after = summarize_plan(v->cfg, *rep);
+  a.after = summarize_plan(variant, *rep);
   return a;
 }
 

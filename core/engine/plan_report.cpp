@@ -62,13 +62,11 @@ result<project_config> resolve_project_schedule(const project_config& cfg, const
   auto out = resolve_auto_schedule(with_bound(with_planning_copy_rates(cfg, gpus), bound_mb), mc, project_compute_rates(cfg, mc));
   if (!out) return make_error("{}", bound_named(out.message(), cfg, bound_mb));
   out->offload.device_memory_mb = cfg.offload.device_memory_mb;
-  out->offload.copy_gbps = cfg.offload.copy_gbps;
-  out->offload.copy_links = cfg.offload.copy_links;
-  return out;
+  return out;  // (with the copy rate the choices were costed at: the executor's memory plan is theirs)
 }
 
 result<project_config> resolve_project_schedule(const project_config& cfg) {
-  // The GPUs are read only when there is a choice to make and no limit set.
+  // The GPUs are read only when there is a choice to make.
   const auto& par = cfg.parallel;
   const bool rr = par.schedule == "auto" || par.schedule == "round-robin";
   const bool chooses = par.schedule == "auto" || par.partition == "auto" || (rr && par.backward_partition == "auto") || cfg.offload.automatic;
@@ -83,9 +81,9 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     LP_TRY_ASSIGN(mc, project_model_config(cfg_in));
     plan_report r;
     r.requested_schedule = cfg_in.parallel.schedule;
-    // The choices are made as the trainer makes them (its compute rates, the project's copy rate),
-    // so the plan shows what will run; without a profile gflops and the probe only change the
-    // prediction.
+    // The choices are made as the trainer makes them (its compute rates; the project's copy rate, or
+    // on GPUs without one the inventory's), so the plan shows what will run; without a profile
+    // gflops only changes the prediction.
     const compute_rates rates = profile ? compute_rates(profile) : project_compute_rates(cfg_in, mc);
     r.measured = rates.measured;
     const compute_rates predict = r.measured ? rates : compute_rates(gflops);
@@ -93,11 +91,12 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     // Without offload.device_memory_mb, the GPUs' memory bounds the choices (a probe's capacities:
     // the trainer reads gpu_planning_inventory).
     const double bound_mb = choice_bound_mb(cfg_in, probe);
-    // On GPUs without offload.copy_gbps the choices cost copies at the inventory's rates, as the trainer's.
+    // On GPUs without offload.copy_gbps the choices cost copies at the inventory's rates, as the
+    // trainer's do (and record them).
     const project_config costed = with_planning_copy_rates(cfg_in, probe);
     if (costed.offload.copy_gbps != cfg_in.offload.copy_gbps)
       r.copy_rates = fmt::format("{:.2f} GB/s{}, {}", costed.offload.copy_gbps,
-                                 costed.offload.copy_links.empty() ? "" : " a shared link (offload.copy_links " + costed.offload.copy_links + ")",
+                                 costed.offload.copy_links.empty() ? "" : " on shared links (offload.copy_links " + costed.offload.copy_links + ")",
                                  probe->measured ? "measured by the probe" : probe->rates_from);
     auto offloaded = resolve_auto_offload(with_bound(costed, bound_mb), mc, rates, &r.offload_auto);
     if (!offloaded) return make_error("{}", bound_named(offloaded.message(), cfg_in, bound_mb));
@@ -128,12 +127,10 @@ result<plan_report> make_plan(const project_config& cfg_in, double gflops, const
     r.device_speeds = pipelined ? speeds : std::vector<double>{1.0};
     LP_TRY_ASSIGN(prog, partitioned_program(cfg, mc, r.partition.sizes, r.partition.backward_sizes));
     r.prog = std::move(prog);
-    // The memory plan is the one the executor checks: the trainer's inputs (the project's own copy
-    // settings), not gflops or the probe.
-    cfg.offload.copy_gbps = cfg_in.offload.copy_gbps;
-    cfg.offload.copy_links = cfg_in.offload.copy_links;
+    // The memory plan is the one the executor checks: the trainer's inputs (with the copy rate the
+    // choices were costed at, which the run records), not gflops or a probe's other rates.
     r.memory = project_memory_plan(r.prog, mc, cfg, auto_schedule_gflops);
-    cfg = probe != nullptr && probe->measured ? with_probed_bandwidth(cfg, *probe) : with_planning_copy_rates(cfg, probe);
+    if (probe != nullptr && probe->measured) cfg = with_probed_bandwidth(cfg, *probe);
     r.tokens_per_micro_batch = cfg.run.batch_size / r.prog.micro_batches * cfg.data.seq_len;
     LP_TRY_ASSIGN(facts, describe_devices(pipelined ? cfg.parallel.devices : std::string("cpu")));
     r.devices = std::move(facts);

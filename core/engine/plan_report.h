@@ -68,8 +68,9 @@ struct plan_report {
 // (`profile`, else the project's cached one: project_compute_rates), else FLOPs at
 // auto_schedule_gflops. Without a profile `gflops` sets the prediction; the probe's measured copy
 // rate (with_probed_bandwidth), when given, costs the copies. On GPUs without offload.copy_gbps, the
-// choices too cost copies at the probe's rates (gpu_planning_inventory's: a cached probe, or the
-// PCIe estimate), as the trainer's do. The choices fit offload.device_memory_mb,
+// choices too cost copies at the inventory's rates (a probe's, or gpu_planning_inventory's: a cached
+// probe, else the PCIe estimate), as the trainer's do, and the memory plan is made with that rate
+// (the run records it). The choices fit offload.device_memory_mb,
 // or when it is 0 the GPU devices' capacities in the probe (a probe, or gpu_planning_inventory as the
 // trainer uses), the smallest device's for all.
 result<plan_report> make_plan(const project_config& cfg, double gflops, const device_inventory* probe = nullptr,
@@ -89,7 +90,8 @@ result<llama_config> project_model_config(const project_config& cfg);
 // (resolve_auto_schedule with project_compute_rates). What a run records and trains.
 // Its choices fit offload.device_memory_mb, or when that is 0 the GPUs' memory now, and cost copies
 // on GPUs at offload.copy_gbps, or when that is 0 at gpu_planning_inventory's rates (read only when
-// something is to be chosen). The copy settings recorded are the project's own.
+// something is to be chosen), which are then recorded in offload.copy_gbps (and copy_links): the
+// executor's memory plan and a resume cost copies as the choices did (GPU copies are never throttled).
 result<project_config> resolve_project_schedule(const project_config& cfg);
 // The same with the GPU devices' capacities and copy rates taken from `gpus` (nullptr: unbounded
 // without a limit, copies at offload.copy_gbps).

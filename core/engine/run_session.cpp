@@ -116,7 +116,8 @@ result<run_handle> begin_run(const project_config& cfg, const std::string& proje
     if (auto st = validate_project(cfg); !st) return make_error("{} is not valid:\n{}", project_path, st.message());
     LP_TRY(check_output_dir(cfg));  // refused before a run is recorded
     // The run records (and a resume repeats) the pipeline the planner chose, not "auto".
-    // The GPUs' free memory and copy rates read once: what the choices fit is what the check holds them to.
+    // The GPUs' free memory and copy rates read once: what the choices fit is what the check holds
+    // them to (the rate they were costed at is recorded, so the executor's memory plan is theirs).
     const auto gpus = gpu_planning_inventory(cfg);
     LP_TRY_ASSIGN(resolved, resolve_project_schedule(cfg, gpus ? &*gpus : nullptr));
     LP_TRY(check_project_memory(resolved, gpus ? &*gpus : nullptr));  // a plan over the memory bound: refused before it is recorded

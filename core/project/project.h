@@ -166,7 +166,9 @@ void visit_fields(C& c, F&& f) {
   f("offload.recompute", c.offload.recompute, "Pipelines: recompute each stage before its backward (bound schedules; round-robin always does).");
   f("offload.recompute_granularity", c.offload.recompute_granularity, "stage (recompute a whole stage, then its backward) or layer (one layer at a time: less memory, more traffic).");
   f("offload.device_memory_mb", c.offload.device_memory_mb, "Memory capacity of each CPU virtual device in MiB (0 = unlimited).");
-  f("offload.copy_gbps", c.offload.copy_gbps, "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled).");
+  f("offload.copy_gbps", c.offload.copy_gbps,
+    "Throttle of each CPU virtual device's copy engines in GB/s (0 = unthrottled). On GPUs, never a throttle: the host<->device "
+    "rate the planner costs copies at (0 = a cached probe of the GPUs, else an estimate from their PCIe links; a run records the rate used).");
   f("offload.copy_links", c.offload.copy_links,
     "CPU virtual devices: the host link each device copies through, one number per device like 0,0,1,1 (devices with the same "
     "number share one link of offload.copy_gbps each way, as GPUs behind one PCIe switch do, and a device's weight and "
