@@ -95,8 +95,9 @@ std::vector<int> hung_devices(const device_inventory& inv);
 void read_pci_link(const std::filesystem::path& root, const std::string& bus_id, probed_device& d);
 // What pinned copies between the host and a GPU are expected to reach over its PCIe link when
 // nothing was measured, in bytes/s: 80% of the link's rate after line encoding, at its maximum
-// generation and width (the current ones when the maximum is unknown): gen3 x16 12.6 GB/s, gen4 x16
-// 25.2 GB/s, gen4 x8 12.6 GB/s. 0 when the link is unknown.
+// generation (a GPU drops the current one while idle) and its current width (what the link trained
+// to: a riser or a shared slot can give fewer lanes than either end has; the maximum when unknown):
+// gen3 x16 12.6 GB/s, gen4 x16 25.2 GB/s, gen4 x8 12.6 GB/s. 0 when the link is unknown.
 double pcie_copy_estimate(const probed_device& d);
 
 std::string inventory_to_json(const device_inventory& inv);

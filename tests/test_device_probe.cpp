@@ -384,8 +384,8 @@ TEST(DeviceProbe, ProjectProbeIsCachedByFingerprint) {
 }
 
 // A link's maximum is the lower of the device's and its port's (a gen4 GPU in a gen3 slot trains to
-// gen3); a GPU idling at gen1 is estimated at its maximum, and the estimate is 80% of the encoded
-// rate: gen3 x16 12.6 GB/s, gen4 x16 25.2 GB/s.
+// gen3); a GPU idling at gen1 is estimated at its maximum generation and the width it trained to,
+// and the estimate is 80% of the encoded rate: gen3 x16 12.6 GB/s, gen4 x16 25.2 GB/s.
 TEST(DeviceProbe, PcieMaximumIsTheLowerOfDeviceAndPortAndSetsTheEstimate) {
   temp_dir t;
   const auto port = t.path / "devices" / "pci0000:00" / "0000:00:01.0";
@@ -408,10 +408,17 @@ TEST(DeviceProbe, PcieMaximumIsTheLowerOfDeviceAndPortAndSetsTheEstimate) {
   EXPECT_NEAR(pcie_copy_estimate(d), 0.8 * 0.985 * 16 * 1e9, 1e6);
   write(port / "max_link_speed", "16.0 GT/s PCIe");
   write(port / "max_link_width", "8");  // an x16 card in an x8 slot
+  write(gpu / "current_link_width", "8");
   read_pci_link(t.path / "bus", "0000:01:00.0", d);
   EXPECT_EQ(d.pcie_max_gen, 4);
   EXPECT_EQ(d.pcie_max_width, 8);
   EXPECT_NEAR(pcie_copy_estimate(d), 0.8 * 1.969 * 8 * 1e9, 1e6);
+  write(port / "max_link_width", "16");  // both ends x16, trained to x4 (a riser): the lanes it has
+  write(gpu / "current_link_width", "4");
+  read_pci_link(t.path / "bus", "0000:01:00.0", d);
+  EXPECT_EQ(d.pcie_max_width, 16);
+  EXPECT_NEAR(pcie_copy_estimate(d), 0.8 * 1.969 * 4 * 1e9, 1e6);
+  write(gpu / "current_link_width", "16");
   std::filesystem::remove(port / "max_link_speed");  // a port that does not say: the device's own
   std::filesystem::remove(port / "max_link_width");
   read_pci_link(t.path / "bus", "0000:01:00.0", d);
@@ -423,6 +430,9 @@ TEST(DeviceProbe, PcieMaximumIsTheLowerOfDeviceAndPortAndSetsTheEstimate) {
   read_pci_link(t.path / "bus", "0000:01:00.0", d);
   EXPECT_EQ(d.pcie_max_gen, 3);
   EXPECT_EQ(d.upstream, std::vector<std::string>{"0000:00:01.0"});
+  probed_device max_only;  // no current width known: the maximum
+  max_only.pcie_max_gen = 4, max_only.pcie_max_width = 8;
+  EXPECT_NEAR(pcie_copy_estimate(max_only), 0.8 * 1.969 * 8 * 1e9, 1e6);
   probed_device current_only;  // no maximum known: the current link
   current_only.pcie_gen = 3, current_only.pcie_width = 4;
   EXPECT_NEAR(pcie_copy_estimate(current_only), 0.8 * 0.985 * 4 * 1e9, 1e6);
