@@ -32,7 +32,7 @@ struct probed_device {
   size_t total_bytes = 0, free_bytes = 0;
   int sm_count = 0, cc_major = 0, cc_minor = 0;
   int pcie_gen = 0, pcie_width = 0;  // current link (0 = unknown); a GPU drops it while idle
-  int pcie_max_gen = 0, pcie_max_width = 0;  // what the link trains to under load: the lower of the device's and its port's maximum (0 = unknown)
+  int pcie_max_gen = 0, pcie_max_width = 0;  // the most the link supports: the lower of the device's and its port's maximum (0 = unknown)
   int numa_node = -1;
   // What lies between the host and the device, outermost first: for a GPU the PCI bridges (its root
   // port, then any switch ports), for a CPU virtual device its modelled copy link (offload.copy_links).

@@ -299,6 +299,13 @@ TEST(PlanQuestions, GpuCopyRatesCostTheChoicesAsTheTrainersDo) {
   EXPECT_EQ(shared->offload.copy_links, "0,0");
   EXPECT_DOUBLE_EQ(shared->offload.copy_gbps, 0.2);
   EXPECT_NE(make_plan(c, 100, &gpus)->copy_rates.find("0.20 GB/s on shared links (offload.copy_links 0,0)"), std::string::npos);
+  // What a run on GPUs records is a valid project (begin_run's check and a resume validate it).
+  project_config on_gpu = *shared;
+  on_gpu.parallel.devices = "cuda:0,0";
+  EXPECT_TRUE(validate_project(on_gpu).ok()) << validate_project(on_gpu).message();
+  on_gpu.parallel.devices = "cuda:0,1";
+  on_gpu.offload.copy_gbps = 0;  // (links without a rate stay refused)
+  EXPECT_NE(validate_project(on_gpu).message().find("offload.copy_links: a shared link needs a bandwidth"), std::string::npos);
 }
 
 TEST(PlanQuestions, WritingThePlanKeepsTheRestOfTheFile) {

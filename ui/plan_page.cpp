@@ -183,7 +183,7 @@ QString fitText(const result<fit_limits>& f) {
 // On GPUs without offload.copy_gbps this page (which keeps CUDA out of its process) costs copies as
 // free, while `train` costs them at a cached probe or the PCIe estimate: said, so a user compares alike.
 QString gpuCopyText(const project_config& cfg) {
-  if (cfg.offload.copy_gbps > 0 || !QString::fromStdString(cfg.parallel.devices).startsWith("cuda")) return {};
+  if (cfg.offload.copy_gbps > 0 || cfg.distributed.processes > 1 || !QString::fromStdString(cfg.parallel.devices).startsWith("cuda")) return {};
   return QObject::tr("<br>Copies are costed as free here (offload.copy_gbps is 0); training costs them at a cached probe of "
                      "the GPUs, else at their PCIe links' rate: <tt>lorapipe-cli plan</tt> shows it");
 }

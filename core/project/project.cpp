@@ -253,8 +253,8 @@ status validate_project(const project_config& c) {
   if (auto links = copy_links(c); !links) p.push_back(links.message());
   need(!c.offload.automatic || c.parallel.devices.rfind("cuda", 0) != 0 || n_dev <= 1 || c.offload.device_memory_mb > 0, "offload.auto",
        "on GPUs needs offload.device_memory_mb (the memory each GPU may use): the bound its choice must fit");
-  need(c.offload.copy_links.empty() || c.parallel.devices.rfind("cuda", 0) != 0, "offload.copy_links",
-       "models the host links of CPU virtual devices; a GPU's links are probed (plan --probe)");
+  // (On GPUs offload.copy_links is what the planner costs as shared links, recorded by a run from a
+  // probe or the PCIe estimate; it never changes how a GPU copies.)
   need(c.offload.recompute_granularity == "stage" || c.offload.recompute_granularity == "layer", "offload.recompute_granularity",
        "must be stage or layer");
   need(!c.optimizer.asynchronous || pipelined, "optimizer.asynchronous", "needs a pipeline schedule (parallel.schedule)");
