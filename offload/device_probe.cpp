@@ -256,8 +256,12 @@ void read_pci_link(const std::filesystem::path& root, const std::string& bus_id,
   if (!d.upstream.empty()) d.upstream.pop_back();  // the device itself
 }
 
+pcie_link pcie_estimate_link(const probed_device& d) {
+  return {d.pcie_max_gen > 0 ? d.pcie_max_gen : d.pcie_gen, d.pcie_width > 0 ? d.pcie_width : d.pcie_max_width};
+}
+
 double pcie_copy_estimate(const probed_device& d) {
-  const int gen = d.pcie_max_gen > 0 ? d.pcie_max_gen : d.pcie_gen, width = d.pcie_width > 0 ? d.pcie_width : d.pcie_max_width;
+  const auto [gen, width] = pcie_estimate_link(d);
   // GB/s per lane after line encoding: 8b/10b (gen1-2), 128b/130b (gen3-5), FLIT (gen6).
   static const double lane_gbs[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.563};
   if (gen <= 0 || gen > 6 || width <= 0) return 0;

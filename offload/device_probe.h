@@ -99,6 +99,9 @@ void read_pci_link(const std::filesystem::path& root, const std::string& bus_id,
 // to: a riser or a shared slot can give fewer lanes than either end has; the maximum when unknown):
 // gen3 x16 12.6 GB/s, gen4 x16 25.2 GB/s, gen4 x8 12.6 GB/s. 0 when the link is unknown.
 double pcie_copy_estimate(const probed_device& d);
+// The generation and width that estimate is made at ({0, 0} parts when unknown).
+struct pcie_link { int gen = 0, width = 0; };
+pcie_link pcie_estimate_link(const probed_device& d);
 
 std::string inventory_to_json(const device_inventory& inv);
 result<device_inventory> inventory_from_json(const std::string& text);

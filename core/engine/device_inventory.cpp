@@ -201,8 +201,8 @@ void fill_copy_rates(device_inventory& inv, const std::filesystem::path& cache_d
     const double alone = pcie_copy_estimate(d);
     d.h2d_bytes_per_s = d.d2h_bytes_per_s = alone;
     d.h2d_concurrent_bytes_per_s = d.d2h_concurrent_bytes_per_s = alone / static_cast<double>(sharing[i]);
-    const int gen = d.pcie_max_gen > 0 ? d.pcie_max_gen : d.pcie_gen, width = d.pcie_width > 0 ? d.pcie_width : d.pcie_max_width;
-    links.push_back(alone > 0 ? fmt::format("{} gen {} x{}", d.name, gen, width) : d.name + " unknown");
+    const auto link = pcie_estimate_link(d);
+    links.push_back(alone > 0 ? fmt::format("{} gen {} x{}", d.name, link.gen, link.width) : d.name + " unknown");
   }
   const bool any = std::any_of(inv.devices.begin(), inv.devices.end(), [](const probed_device& d) { return d.h2d_bytes_per_s > 0; });
   if (any) inv.rates_from = fmt::format("estimated from the PCIe links ({}; plan --probe measures them)", fmt::join(links, ", "));

@@ -5,13 +5,18 @@
 // 1. Devices of different speed: cpu:1 at half speed (parallel.device_speeds 1,0.5), 1F1B; the even
 //    partition against the one choose_partition balances (measured step medians and their ratio).
 // 2. Step time and choice: a grid of configurations (every schedule x micro-batch counts x weights
-//    streamed or resident) on two devices. Each is profiled by two steps after three warm-up steps (stage
-//    compute medians, with_measured_compute; warm-up and profiling steps also take turns) and predicted by the simulator; then all are measured. Prints predicted
-//    vs measured per configuration, the planner's pick (smallest profiled prediction) against the
-//    fastest measured, and what the FLOP-only model (`auto` before any profile) would have picked.
-//    Also predicted from the layer profile (profile_layers: each layer, the embedding and the head
-//    timed alone on one device before anything runs; what `plan --profile` and a cached profile give
-//    `auto`), with its error and its pick.
+//    streamed or resident) on two devices, predicted by the simulator from the layer profile
+//    (profile_layers: each layer, the embedding and the head timed alone on one device before anything
+//    runs; what `plan --profile` and a cached profile give `auto`), and from a two-step trace (after
+//    three warm-up steps, two profiling steps' stage compute medians, with_measured_compute; warm-up
+//    and profiling steps also take turns); then all are measured. Prints predicted vs measured per
+//    configuration, the worst errors, and the picks (the planner's: the smallest prediction from the
+//    layer profile; the two-step trace's; the FLOP-only model's, `auto` before any profile) against
+//    the fastest measured. This shared machine's speed drifts by 10-30% over seconds
+//    (--profiles N takes the layer profile N times in a row), so two more columns separate the
+//    simulator's error from that noise: the layer profile taken in turns with the measured steps (a
+//    short one of each micro-batch shape before each round, medians over them), and the simulator fed with the compute the
+//    measured steps themselves traced (its own error: copies, waits, shared cores).
 // 3. Cross mapping (--cross): four devices whose copies share two host links (offload.copy_links
 //    0,0,1,1: two GPUs behind each of two PCIe switches), round-robin with weights streamed; the probe
 //    measures the links, cross_mapping reorders them (Mobius), and the given order and the mapped one
@@ -29,6 +34,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include <CLI/CLI.hpp>
@@ -67,6 +73,7 @@ struct rig {
   std::vector<micro_batch> mbs;
   std::vector<double> times;
   std::vector<sim_interval> profile;  // compute instructions of the profiling steps
+  std::vector<sim_interval> traced;   // ... and of the measured steps
   double flop_predicted_s = 0, profiled_predicted_s = 0, layer_predicted_s = 0;
 
   rig(std::string name, const project_config& c, program p, const llama_weights& w, const compute_rates& layers)
@@ -111,27 +118,80 @@ struct rig {
     c.host_compute_slots = 0;
     return {sum(profile) / 2, shared, sum(simulate(prog, c).timeline)};
   }
+  // The simulator given the compute the measured steps themselves traced: its error is the model's
+  // alone (copies, waits, shared cores), without the noise of a profile taken at another time.
+  double predicted_from_own_compute() const {
+    return simulate(prog, with_measured_compute(prog, estimate_costs(prog, mc, cfg, auto_schedule_gflops), traced)).makespan_s;
+  }
   pipeline_step_result step(bool record = true) {
     auto r = ex->step(mbs, 1e-4, 1.0);
     if (!r) {
       fmt::print(stderr, "error: {}: {}\n", label, r.message());
       std::exit(1);
     }
-    if (record) times.push_back(r->seconds);
+    if (record) {
+      times.push_back(r->seconds);
+      for (const auto& t : r->trace) traced.push_back({t.device, 0, t.in, t.start_s, t.end_s});
+    }
     return std::move(*r);
   }
 };
 
 // Two more warm-up steps, two profiling steps, then `steps` measured ones, each round over every
-// configuration in turn.
-void step_all(std::vector<std::unique_ptr<rig>>& rigs, int steps) {
+// configuration in turn; `between` runs before each measured round.
+void step_all(std::vector<std::unique_ptr<rig>>& rigs, int steps, const std::function<void()>& between = {}) {
   for (int i = 0; i < 2; ++i)
     for (auto& r : rigs) r->step(false);
   for (int i = 0; i < 2; ++i)
     for (auto& r : rigs) r->profile_step();
-  for (int i = 0; i < steps; ++i)
+  for (int i = 0; i < steps; ++i) {
+    if (between) between();
     for (auto& r : rigs) r->step();
+  }
 }
+
+// The layer profile taken in turns with the measured steps: a short one before each round, each field
+// the median over them. This shared machine's speed drifts by 10-30% over seconds (--profiles shows
+// the spread of profiles taken in a row), so one profile taken before everything can be off by that.
+// Taken for each micro-batch count of the rigs (its own shape, as plan --profile caches a profile
+// per shape), and predicted from the profile of the rig's shape.
+struct profile_in_turns {
+  project_config cfg;
+  llama_config mc;
+  std::vector<int64_t> counts;                         // micro-batch counts profiled
+  std::map<int64_t, std::vector<measured_compute>> takes;  // by micro-batch count
+  void take() {
+    profile_options o;
+    o.warmup = 1, o.warmup_seconds = 0.1, o.repeats = 3, o.min_seconds = 0.2;
+    for (int64_t m : counts) {
+      project_config c = cfg;
+      c.parallel.micro_batches = m;
+      takes[m].push_back(profile_layers(c, mc, o).value().compute);
+    }
+  }
+  size_t rounds() const { return takes.empty() ? 0 : takes.begin()->second.size(); }
+  compute_rates rates(int64_t count) const {
+    const auto& takes = this->takes.at(count);
+    auto m = std::make_shared<measured_compute>(takes.at(0));
+    const auto mid = [&](auto field) {
+      std::vector<double> v;
+      for (const auto& t : takes) v.push_back(field(t));
+      return median(v);
+    };
+    for (size_t l = 0; l < m->layer_forward_s.size(); ++l) {
+      m->layer_forward_s[l] = mid([&](const measured_compute& t) { return t.layer_forward_s[l]; });
+      m->layer_forward_nograd_s[l] = mid([&](const measured_compute& t) { return t.layer_forward_nograd_s[l]; });
+      m->layer_backward_s[l] = mid([&](const measured_compute& t) { return t.layer_backward_s[l]; });
+    }
+    m->embed_s = mid([](const measured_compute& t) { return t.embed_s; });
+    m->head_forward_s = mid([](const measured_compute& t) { return t.head_forward_s; });
+    m->head_backward_s = mid([](const measured_compute& t) { return t.head_backward_s; });
+    return compute_rates(std::shared_ptr<const measured_compute>(std::move(m)));
+  }
+  double predicted_s(const rig& r) const {
+    return simulate(r.prog, estimate_costs(r.prog, mc, r.cfg, rates(r.cfg.parallel.micro_batches))).makespan_s;
+  }
+};
 
 std::string sizes_of(const program& p) {
   std::vector<int32_t> s;
@@ -263,10 +323,11 @@ int links_part(const project_config& base, const llama_config& mc, const llama_w
 
 int main(int argc, char** argv) {
   CLI::App app{"planner against measurement on CPU virtual devices"};
-  int steps = 7, layers = 8;
+  int steps = 9, layers = 8;
   int64_t dim = 256, seq = 128, batch = 8;
   double gbps = 1.0;
   bool skip_grid = false, cross = false, cross_even = false, backward = false, links = false;
+  int profiles = 0;
   std::string backward_devices = "cpu:2";
   double cross_gbps = 0.1;
   app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
@@ -282,6 +343,7 @@ int main(int argc, char** argv) {
   app.add_flag("--backward", backward, "Only the round-robin backward partition part");
   app.add_option("--backward-devices", backward_devices, "Devices of the backward partition part");
   app.add_flag("--links", links, "Only the shared-link part (2 devices on one host link against a link each)");
+  app.add_option("--profiles", profiles, "Only the layer profile, taken this many times in a row (its spread)");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   const llama_config mc = synthetic_llama_config(dim, dim * 8 / 3 / 64 * 64, layers, 4096);
@@ -306,6 +368,14 @@ int main(int argc, char** argv) {
              prof.compute.layer_forward_nograd_s[0] * 1e3, prof.compute.layer_backward_s[0] * 1e3, prof.compute.head_forward_s * 1e3,
              prof.compute.head_backward_s * 1e3);
 
+  for (int i = 1; i < profiles; ++i) {
+    const auto again = profile_layers(base, mc, {}).value();
+    fmt::print("layer profile again ({:.2f} s, {} rounds): layer forward {:.2f} ms (no autograd {:.2f}), backward {:.2f} ms; head forward "
+               "{:.2f} ms, backward {:.2f} ms\n",
+               again.seconds, again.repeats, again.compute.layer_forward_s[0] * 1e3, again.compute.layer_forward_nograd_s[0] * 1e3,
+               again.compute.layer_backward_s[0] * 1e3, again.compute.head_forward_s * 1e3, again.compute.head_backward_s * 1e3);
+  }
+  if (profiles > 0) return 0;
   if (cross) return cross_mapping_part(base, mc, w, by_layer, steps, cross_gbps, cross_even);
   if (backward) return backward_part(base, mc, w, by_layer, steps, backward_devices);
   if (links) return links_part(base, mc, w, by_layer, steps);
@@ -321,14 +391,17 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<rig>> rigs;
     rigs.push_back(std::make_unique<rig>("even", even, project_program(even, mc, auto_schedule_gflops).value(), w, by_layer));
     rigs.push_back(std::make_unique<rig>(choice.how, het, project_program(het, mc, auto_schedule_gflops).value(), w, by_layer));
-    step_all(rigs, steps);
+    profile_in_turns turns{base, mc, {base.parallel.micro_batches}, {}};
+    step_all(rigs, steps, [&] { turns.take(); });
     fmt::print("\n1. cpu:1 at half speed (parallel.device_speeds 1,0.5), 1f1b x4, {} measured steps each (alternating)\n", steps);
-    for (const auto& r : rigs)
+    for (const auto& r : rigs) {
+      const double m = median(r->times), turn = turns.predicted_s(*r), own = r->predicted_from_own_compute();
       fmt::print("  layers {:<5} ({:<8}): measured {:.3f} s/step; predicted {:.3f} s from FLOPs, {:.3f} s profiled ({:+.1f}%), "
-                 "{:.3f} s from the layer profile ({:+.1f}%)\n",
-                 sizes_of(r->prog), r->label, median(r->times), r->flop_predicted_s, r->profiled_predicted_s,
-                 100 * (r->profiled_predicted_s / median(r->times) - 1), r->layer_predicted_s,
-                 100 * (r->layer_predicted_s / median(r->times) - 1));
+                 "{:.3f} s from the layer profile ({:+.1f}%), {:.3f} s from it in turns ({:+.1f}%), {:.3f} s from the steps' own "
+                 "compute ({:+.1f}%)\n",
+                 sizes_of(r->prog), r->label, m, r->flop_predicted_s, r->profiled_predicted_s, 100 * (r->profiled_predicted_s / m - 1),
+                 r->layer_predicted_s, 100 * (r->layer_predicted_s / m - 1), turn, 100 * (turn / m - 1), own, 100 * (own / m - 1));
+    }
     // Per stage: the compute the layer profile charges against the medians traced in the pipeline.
     for (const auto& r : rigs) {
       const sim_costs traced = with_measured_compute(r->prog, estimate_costs(r->prog, mc, r->cfg, auto_schedule_gflops), r->profile);
@@ -362,32 +435,42 @@ int main(int argc, char** argv) {
         }
         rigs.push_back(std::make_unique<rig>(fmt::format("{} x{} {}", name, m, stream ? "streamed" : "resident"), c, std::move(*p), w, by_layer));
       }
-  step_all(rigs, steps);
+  profile_in_turns turns{base, mc, {2, 4}, {}};
+  step_all(rigs, steps, [&] { turns.take(); });
   fmt::print("\n2. {} configurations on 2 devices at equal speed, {} measured steps each (round-robin over configurations)\n", rigs.size(), steps);
-  fmt::print("  {:<28} {:>9} {:>11} {:>8} {:>13} {:>8} {:>10}\n", "configuration", "measured", "profiled", "error", "layer profile",
-             "error", "FLOP model");
-  double worst = 0, worst_layers = 0;
-  const rig *fastest = nullptr, *pick = nullptr, *flop_pick = nullptr, *layer_pick = nullptr;
+  fmt::print("  {:<40} {:>9} {:>17} {:>19} {:>19} {:>19} {:>10}\n", "configuration", "measured", "profiled", "layer profile",
+             "... in turns", "own compute", "FLOP model");
+  double worst = 0, worst_layers = 0, worst_turns = 0, worst_own = 0;
+  const rig *fastest = nullptr, *pick = nullptr, *flop_pick = nullptr, *layer_pick = nullptr, *turns_pick = nullptr;
+  std::vector<double> turn_predicted;
   for (const auto& r : rigs) {
-    const double m = median(r->times), err = r->profiled_predicted_s / m - 1, lerr = r->layer_predicted_s / m - 1;
+    const double m = median(r->times), turn = turns.predicted_s(*r), own = r->predicted_from_own_compute();
+    const double err = r->profiled_predicted_s / m - 1, lerr = r->layer_predicted_s / m - 1, terr = turn / m - 1, oerr = own / m - 1;
     worst = std::max(worst, std::abs(err));
     worst_layers = std::max(worst_layers, std::abs(lerr));
-    fmt::print("  {:<28} {:>7.3f} s {:>9.3f} s {:>+7.1f}% {:>11.3f} s {:>+7.1f}% {:>8.3f} s\n", r->label + " [" + sizes_of(r->prog) + "]", m,
-               r->profiled_predicted_s, 100 * err, r->layer_predicted_s, 100 * lerr, r->flop_predicted_s);
+    worst_turns = std::max(worst_turns, std::abs(terr));
+    worst_own = std::max(worst_own, std::abs(oerr));
+    fmt::print("  {:<40} {:>7.3f} s {:>7.3f} s {:>+6.1f}% {:>9.3f} s {:>+6.1f}% {:>9.3f} s {:>+6.1f}% {:>9.3f} s {:>+6.1f}% {:>8.3f} s\n",
+               r->label + " [" + sizes_of(r->prog) + "]", m, r->profiled_predicted_s, 100 * err, r->layer_predicted_s, 100 * lerr, turn,
+               100 * terr, own, 100 * oerr, r->flop_predicted_s);
     if (!fastest || m < median(fastest->times)) fastest = r.get();
     if (!pick || r->profiled_predicted_s < pick->profiled_predicted_s) pick = r.get();
     if (!flop_pick || r->flop_predicted_s < flop_pick->flop_predicted_s) flop_pick = r.get();
     if (!layer_pick || r->layer_predicted_s < layer_pick->layer_predicted_s) layer_pick = r.get();
+    if (!turns_pick || turn < turn_predicted.back()) turns_pick = r.get(), turn_predicted.push_back(turn);
   }
   if (!fastest) return 0;
-  fmt::print("  step-time prediction: worst error {:.1f}% from the two-step profile, {:.1f}% from the layer profile, over {} configurations\n",
-             100 * worst, 100 * worst_layers, rigs.size());
-  fmt::print("  layer-profile pick: {} ({:.3f} s measured, {:+.1f}% from the fastest)\n", layer_pick->label, median(layer_pick->times),
-             100 * (median(layer_pick->times) / median(fastest->times) - 1));
-  fmt::print("  fastest measured: {} ({:.3f} s); planner's pick (profiled): {} ({:.3f} s measured, {:+.1f}% from the fastest); "
-             "FLOP-only pick: {} ({:+.1f}%)\n",
-             fastest->label, median(fastest->times), pick->label, median(pick->times),
-             100 * (median(pick->times) / median(fastest->times) - 1), flop_pick->label,
-             100 * (median(flop_pick->times) / median(fastest->times) - 1));
+  fmt::print("  step-time prediction: worst error {:.1f}% from the two-step profile, {:.1f}% from the layer profile, {:.1f}% from the "
+             "layer profile taken in turns ({} takes of each micro-batch shape), {:.1f}% from the steps' own compute (the simulator's own error), over {} "
+             "configurations\n",
+             100 * worst, 100 * worst_layers, 100 * worst_turns, turns.rounds(), 100 * worst_own, rigs.size());
+  const auto off = [&](const rig* r) { return 100 * (median(r->times) / median(fastest->times) - 1); };
+  int close = 0;
+  for (const auto& r : rigs) close += off(r.get()) < 5;
+  fmt::print("  fastest measured: {} ({:.3f} s; {} configurations measured within 5% of it)\n", fastest->label, median(fastest->times), close);
+  fmt::print("  planner's pick (the layer profile, what plan --profile gives schedule auto): {} ({:.3f} s measured, {:+.1f}% from the "
+             "fastest); from the profile in turns: {} ({:+.1f}%); from the two-step trace: {} ({:+.1f}%); FLOP-only: {} ({:+.1f}%)\n",
+             layer_pick->label, median(layer_pick->times), off(layer_pick), turns_pick->label, off(turns_pick), pick->label, off(pick),
+             flop_pick->label, off(flop_pick));
   return 0;
 }
