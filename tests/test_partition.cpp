@@ -398,6 +398,31 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
   EXPECT_NEAR(rates.head_forward(mc, 4, 128), 2 * 7e-3, 1e-12);
   EXPECT_NE(rates.describe().find("layer profile"), std::string::npos);
   EXPECT_NE(compute_rates(100).describe().find("100 GFLOP/s"), std::string::npos);
+  // A second shape measured (1 x 128, where a part per call weighs more): other shapes are charged
+  // along the line through both in FLOPs. At either shape what was measured; at 4 x 128 the line
+  // extended, below proportion; a line that does not rise, or that reaches 0 before a shape, is
+  // noise and that shape is charged in proportion to the first.
+  auto both = std::make_shared<measured_compute>(*m);
+  both->head_forward_s = 7e-3;
+  both->head_backward_s = 11e-3;
+  both->second = {1, 128, std::vector<double>(8, 1.5e-3), std::vector<double>(8, 0.8e-3), std::vector<double>(8, 6e-3), 0.1e-3, 4e-3, 1e-3};
+  const compute_rates lined{std::shared_ptr<const measured_compute>(both)};
+  const double f1 = layer_forward_flops(mc, 1, 128), f2 = layer_forward_flops(mc, 2, 128), f4 = layer_forward_flops(mc, 4, 128);
+  const double h1 = head_forward_flops(mc, 1, 128), h2 = head_forward_flops(mc, 2, 128), h4 = head_forward_flops(mc, 4, 128);
+  EXPECT_NEAR(lined.layer_forward(mc, 3, 2, 128), 2e-3, 1e-15);
+  EXPECT_NEAR(lined.layer_forward(mc, 3, 1, 128), 1.5e-3, 1e-15);
+  EXPECT_NEAR(lined.layer_forward(mc, 3, 1, 128, false), 0.8e-3, 1e-15);
+  EXPECT_NEAR(lined.layer_forward(mc, 3, 4, 128), 2e-3 + 0.5e-3 / (f2 - f1) * (f4 - f2), 1e-15);
+  EXPECT_LT(lined.layer_forward(mc, 3, 4, 128), rates.layer_forward(mc, 3, 4, 128));
+  EXPECT_NEAR(lined.head_forward(mc, 4, 128), 7e-3 + 3e-3 / (h2 - h1) * (h4 - h2), 1e-15);
+  EXPECT_NEAR(lined.head_forward(mc, 1, 128), 4e-3, 1e-15);
+  EXPECT_NEAR(lined.layer_backward(mc, 3, 4, 128), 2 * 5e-3, 1e-15);  // 6 ms at 1 x 128 against 5 at 2 x 128: falls
+  EXPECT_NEAR(lined.head_backward(mc, 2, 128), 11e-3, 1e-15);
+  EXPECT_NEAR(lined.head_backward(mc, 1, 16), 11e-3 * head_forward_flops(mc, 1, 16) / h2, 1e-15);  // the line is below 0 there
+  EXPECT_NE(lined.describe().find("2 x 128 and 1 x 128 tokens per micro-batch, other shapes along the line"), std::string::npos)
+      << lined.describe();
+  both->second.layer_backward_s.resize(7);  // a second shape that does not cover every layer is not used
+  EXPECT_NEAR(lined.layer_forward(mc, 3, 4, 128), rates.layer_forward(mc, 3, 4, 128), 1e-15);
   // A head far dearer than FLOPs say: the balanced partition gives the last stage fewer layers
   // than the FLOP model does.
   m->head_forward_s = 40e-3;

@@ -443,6 +443,19 @@ TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
   EXPECT_GT(m.head_forward_s, m.embed_s);  // a [128 x 64] x [64 x 512] product and its loss against a gather
   EXPECT_GT(m.head_backward_s, 0);
   EXPECT_GE(first->profile.repeats, 5);
+  // The second shape, measured in the same rounds: half the rows, every time measured.
+  EXPECT_EQ(m.second.rows, 1);
+  EXPECT_EQ(m.second.seq_len, 64);
+  ASSERT_EQ(m.second.layer_forward_s.size(), 5u);
+  ASSERT_EQ(m.second.layer_backward_s.size(), 5u);
+  for (size_t l = 0; l < 5; ++l) {
+    EXPECT_GT(m.second.layer_forward_s[l], 0);
+    EXPECT_GT(m.second.layer_forward_nograd_s[l], 0);
+    EXPECT_GT(m.second.layer_backward_s[l], 0);
+  }
+  EXPECT_GT(m.second.head_forward_s, 0);
+  EXPECT_GT(m.second.head_backward_s, 0);
+  EXPECT_NE(layer_profile_text(first->profile).find("at 1 x 64 tokens"), std::string::npos) << layer_profile_text(first->profile);
   // The autograd graph a layer keeps, measured through LibTorch's allocator, against the memory
   // plan's model of it: the model must not fall short of it (the executor reserves the model's bytes
   // for each graph), nor be far above it (a measurement that saw nothing, or a model that wastes).
@@ -458,6 +471,8 @@ TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
   ASSERT_TRUE(second.ok());
   EXPECT_TRUE(second->from_cache);
   EXPECT_EQ(second->profile.compute.layer_backward_s, m.layer_backward_s);
+  EXPECT_EQ(second->profile.compute.second.layer_backward_s, m.second.layer_backward_s);
+  EXPECT_EQ(second->profile.compute.second.head_forward_s, m.second.head_forward_s);
   const compute_rates rates = project_compute_rates(c, mc, cache);
   ASSERT_NE(rates.measured, nullptr);
   EXPECT_EQ(rates.measured->head_forward_s, m.head_forward_s);
@@ -503,6 +518,18 @@ TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
   project_config dropout = c;
   dropout.lora.dropout = 0.1;
   EXPECT_NE(layer_profile_key(dropout, mc).value(), first->key);
+  // A profile cached before the second shape was measured still loads, charged in proportion to FLOPs.
+  {
+    auto j = nlohmann::json::parse(read_text_file(first->cache_file).value());
+    j["compute"].erase("second");
+    ASSERT_TRUE(write_file_atomic(first->cache_file, j.dump()).ok());
+    const compute_rates old = project_compute_rates(c, mc, cache);
+    ASSERT_NE(old.measured, nullptr);
+    EXPECT_EQ(old.measured->second.rows, 0);
+    EXPECT_EQ(old.measured->layer_backward_s, m.layer_backward_s);
+    EXPECT_NE(old.describe().find("scaled by FLOPs"), std::string::npos) << old.describe();
+    EXPECT_NE(rates.describe().find("along the line"), std::string::npos) << rates.describe();
+  }
   ASSERT_TRUE(write_file_atomic(first->cache_file, "{\"key\": \"" + first->key + "\"}").ok());
   EXPECT_EQ(project_compute_rates(c, mc, cache).measured, nullptr);
   auto third = profile_project(c, mc, req);

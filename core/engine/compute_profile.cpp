@@ -18,8 +18,12 @@
 
 namespace lorapipe {
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(measured_compute, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s, embed_s,
-                                   head_forward_s, head_backward_s)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(shape_times, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s,
+                                                embed_s, head_forward_s, head_backward_s)
+// (`second` defaults: a profile cached before it was measured still loads, and is charged in
+// proportion to FLOPs.)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(measured_compute, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s,
+                                                embed_s, head_forward_s, head_backward_s, second)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(layer_profile, compute, device, dtype, warmup, repeats, seconds, weight_bytes_per_layer,
                                    graph_bytes_per_token, graph_bytes_per_token_model)
 
@@ -164,11 +168,17 @@ std::string layer_profile_text(const layer_profile& p) {
     layers += fmt::format("  layers {}-{}: forward {} ms ({} ms without autograd), backward {} ms\n", l, e, ms(c.layer_forward_s[l]),
                           ms(c.layer_forward_nograd_s[l]), ms(c.layer_backward_s[l]));
   }
+  std::string second;
+  if (const auto& t = c.second; t.rows > 0 && !t.layer_forward_s.empty())
+    second = fmt::format("  at {} x {} tokens (other shapes are charged along the line between the two): layer 0 forward {} ms ({} ms "
+                         "without autograd), backward {} ms; head forward {} ms, backward {} ms\n",
+                         t.rows, t.seq_len, ms(t.layer_forward_s[0]), ms(t.layer_forward_nograd_s[0]), ms(t.layer_backward_s[0]),
+                         ms(t.head_forward_s), ms(t.head_backward_s));
   return fmt::format("layer profile on {} ({}, {} x {} tokens per micro-batch; medians of {} rounds after {} warm-up; took {:.2f} s):\n{}"
-                     "  embedding {} ms; head (final norm, LM head, loss) forward {} ms, backward {} ms\n"
+                     "  embedding {} ms; head (final norm, LM head, loss) forward {} ms, backward {} ms\n{}"
                      "  per layer: weights {:.2f} MiB, autograd graph {:.2f} KiB per token measured ({:.2f} KiB in the memory plan, {:+.1f}%)\n",
                      p.device, p.dtype, c.rows, c.seq_len, p.repeats, p.warmup, p.seconds, layers, ms(c.embed_s), ms(c.head_forward_s),
-                     ms(c.head_backward_s), p.weight_bytes_per_layer / 1048576.0, p.graph_bytes_per_token / 1024.0,
+                     ms(c.head_backward_s), second, p.weight_bytes_per_layer / 1048576.0, p.graph_bytes_per_token / 1024.0,
                      p.graph_bytes_per_token_model / 1024.0,
                      p.graph_bytes_per_token > 0 ? 100 * (p.graph_bytes_per_token_model / p.graph_bytes_per_token - 1) : 0.0);
 }

@@ -129,39 +129,66 @@ sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int
 
 namespace {
 
-// FLOPs of micro-batches of `rows` x `seq_len` over those of the profiled shape (1 when profiled so).
-double shape_scale(double flops, double profiled_flops) { return profiled_flops > 0 ? flops / profiled_flops : 1.0; }
+// Seconds at `flops` from `a` seconds measured at `fa` FLOPs and `b` at `fb` (the second shape; fb 0
+// when not measured): along the line through both, else in proportion to the first. A line that
+// does not rise with FLOPs, or that reaches 0 before `flops`, is noise: in proportion then.
+double charged(double flops, double a, double fa, double b, double fb) {
+  if (fa <= 0) return a;
+  const double proportional = a * flops / fa;
+  if (fb <= 0 || fb == fa || b <= 0) return proportional;
+  const double slope = (a - b) / (fa - fb);
+  const double along = a + slope * (flops - fa);
+  return slope > 0 && along > 0 ? along : proportional;
+}
+
+bool has_second(const measured_compute& m, size_t layers) {
+  return m.second.rows > 0 && m.second.seq_len > 0 && m.second.layer_forward_s.size() == layers &&
+         m.second.layer_forward_nograd_s.size() == layers && m.second.layer_backward_s.size() == layers;
+}
 
 }  // namespace
 
 double compute_rates::layer_forward(const llama_config& c, int64_t l, int64_t rows, int64_t seq_len, bool grad) const {
   if (!measured) return layer_forward_flops(c, rows, seq_len) / (gflops * 1e9);
   const auto& m = *measured;
+  const auto i = static_cast<size_t>(l);
+  const bool two = has_second(m, m.layer_forward_s.size());
   const auto& v = grad ? m.layer_forward_s : m.layer_forward_nograd_s;
-  return v.at(static_cast<size_t>(l)) * shape_scale(layer_forward_flops(c, rows, seq_len), layer_forward_flops(c, m.rows, m.seq_len));
+  const auto& v2 = grad ? m.second.layer_forward_s : m.second.layer_forward_nograd_s;
+  return charged(layer_forward_flops(c, rows, seq_len), v.at(i), layer_forward_flops(c, m.rows, m.seq_len), two ? v2.at(i) : 0,
+                 two ? layer_forward_flops(c, m.second.rows, m.second.seq_len) : 0);
 }
 
 double compute_rates::layer_backward(const llama_config& c, int64_t l, int64_t rows, int64_t seq_len) const {
   if (!measured) return 2 * layer_forward_flops(c, rows, seq_len) / (gflops * 1e9);
   const auto& m = *measured;
-  return m.layer_backward_s.at(static_cast<size_t>(l)) *
-         shape_scale(layer_forward_flops(c, rows, seq_len), layer_forward_flops(c, m.rows, m.seq_len));
+  const auto i = static_cast<size_t>(l);
+  const bool two = has_second(m, m.layer_forward_s.size());
+  return charged(layer_forward_flops(c, rows, seq_len), m.layer_backward_s.at(i), layer_forward_flops(c, m.rows, m.seq_len),
+                 two ? m.second.layer_backward_s.at(i) : 0, two ? layer_forward_flops(c, m.second.rows, m.second.seq_len) : 0);
 }
 
 double compute_rates::head_forward(const llama_config& c, int64_t rows, int64_t seq_len) const {
   if (!measured) return head_forward_flops(c, rows, seq_len) / (gflops * 1e9);
   const auto& m = *measured;
-  return m.head_forward_s * shape_scale(head_forward_flops(c, rows, seq_len), head_forward_flops(c, m.rows, m.seq_len));
+  const bool two = has_second(m, m.layer_forward_s.size());
+  return charged(head_forward_flops(c, rows, seq_len), m.head_forward_s, head_forward_flops(c, m.rows, m.seq_len),
+                 two ? m.second.head_forward_s : 0, two ? head_forward_flops(c, m.second.rows, m.second.seq_len) : 0);
 }
 
 double compute_rates::head_backward(const llama_config& c, int64_t rows, int64_t seq_len) const {
   if (!measured) return 2 * head_forward_flops(c, rows, seq_len) / (gflops * 1e9);
   const auto& m = *measured;
-  return m.head_backward_s * shape_scale(head_forward_flops(c, rows, seq_len), head_forward_flops(c, m.rows, m.seq_len));
+  const bool two = has_second(m, m.layer_forward_s.size());
+  return charged(head_forward_flops(c, rows, seq_len), m.head_backward_s, head_forward_flops(c, m.rows, m.seq_len),
+                 two ? m.second.head_backward_s : 0, two ? head_forward_flops(c, m.second.rows, m.second.seq_len) : 0);
 }
 
 std::string compute_rates::describe() const {
   if (!measured) return fmt::format("FLOPs at {:g} GFLOP/s per device", gflops);
+  if (has_second(*measured, measured->layer_forward_s.size()))
+    return fmt::format("the layer profile ({} x {} and {} x {} tokens per micro-batch, other shapes along the line between them in FLOPs)",
+                       measured->rows, measured->seq_len, measured->second.rows, measured->second.seq_len);
   return fmt::format("the layer profile ({} x {} tokens per micro-batch, scaled by FLOPs to other shapes)", measured->rows, measured->seq_len);
 }
 

@@ -24,15 +24,22 @@ namespace lorapipe {
 // micro-batches of `rows` sequences of `seq_len` tokens: each layer's forward with autograd (a FORWARD
 // that keeps its graph, or a RECOMPUTE), without (a FORWARD whose stage is recomputed later), and its
 // backward; the embedding; the head's loss forward and backward (final norm, LM head, loss).
-struct measured_compute {
+struct shape_times {
   int64_t rows = 0, seq_len = 0;
   std::vector<double> layer_forward_s, layer_forward_nograd_s, layer_backward_s;  // per layer of the model
   double embed_s = 0, head_forward_s = 0, head_backward_s = 0;
 };
+// ... and the same at a second, smaller shape (`second.rows` 0 when not measured): other shapes are
+// then charged along the line through both in FLOPs (a part per call plus a part per FLOP: a small
+// micro-batch runs less efficiently than a large one), not in proportion to FLOPs.
+struct measured_compute : shape_times {
+  shape_times second;
+};
 
 // What the cost model charges for compute: FLOPs at `gflops` per device (backward twice the
 // forward), or the layer profile's times when `measured` is set, scaled to other micro-batch shapes
-// by their FLOPs.
+// along the line through its two shapes in FLOPs (in proportion to FLOPs with one shape, or when
+// the line does not rise).
 struct compute_rates {
   double gflops = 100;
   std::shared_ptr<const measured_compute> measured;

@@ -127,6 +127,60 @@ double graph_bytes(F&& forward) {
   return static_cast<double>(meter->current.load()) - static_cast<double>(y.numel() * y.element_size());
 }
 
+// The times of one micro-batch shape, a sample per kept round.
+struct shape_samples {
+  int64_t rows, seq_len;
+  at::Tensor tokens;  // i64 [rows, seq_len]
+  std::vector<std::vector<double>> fwd, fwd_nograd, bwd;  // per layer kind
+  std::vector<double> embed, head_f, head_b;
+  shape_samples(int64_t r, int64_t t, size_t kinds, int64_t vocab, c10::Device dev)
+      : rows(r), seq_len(t), tokens(torch::randint(vocab, {r, t}, at::TensorOptions().dtype(at::kLong).device(dev))),
+        fwd(kinds), fwd_nograd(kinds), bwd(kinds) {}
+  // Medians per layer of the real model (`kind_of`: its kind).
+  shape_times medians(const std::vector<int64_t>& kind_of) const {
+    shape_times out;
+    out.rows = rows;
+    out.seq_len = seq_len;
+    for (int64_t k : kind_of) {
+      out.layer_forward_s.push_back(median(fwd[static_cast<size_t>(k)]));
+      out.layer_forward_nograd_s.push_back(median(fwd_nograd[static_cast<size_t>(k)]));
+      out.layer_backward_s.push_back(median(bwd[static_cast<size_t>(k)]));
+    }
+    out.embed_s = median(embed);
+    out.head_forward_s = median(head_f);
+    out.head_backward_s = median(head_b);
+    return out;
+  }
+};
+
+// One round on one shape: the embedding, each layer kind's forward with autograd, backward and
+// forward without, the head's loss forward and backward; the samples are kept when `keep`.
+void measure_round(const profile_model& m, const layer_context& ctx, const at::TensorOptions& opts, c10::Device dev, shape_samples& sh,
+                   bool keep) {
+  at::Tensor x;  // [B,T,D]
+  const double te = timed(dev, [&] {
+    torch::NoGradGuard ng;
+    x = embed_with(m.cfg, m.w.embed, sh.tokens);
+  });
+  if (keep) sh.embed.push_back(te);
+  for (size_t k = 0; k < m.w.layers.size(); ++k) {
+    const auto l = static_cast<int64_t>(k);
+    at::Tensor leaf = x.detach().requires_grad_(true), y;
+    const double tf = timed(dev, [&] { y = decoder_layer(ctx, l, m.w.layers[k], leaf, 0, nullptr); });
+    const at::Tensor g = torch::randn_like(y) * 1e-3;  // [B,T,D]
+    const double tb = timed(dev, [&] { y.backward(g); });
+    const double tn = timed(dev, [&] {
+      torch::NoGradGuard ng;
+      (void)decoder_layer(ctx, l, m.w.layers[k], x, 0, nullptr);
+    });
+    if (keep) sh.fwd[k].push_back(tf), sh.fwd_nograd[k].push_back(tn), sh.bwd[k].push_back(tb);
+  }
+  at::Tensor h = (torch::randn({sh.rows, sh.seq_len, m.cfg.hidden_size}, opts)).requires_grad_(true), loss;  // [B,T,D]
+  const double thf = timed(dev, [&] { loss = head_loss_sum(m.cfg, m.w.final_norm, m.w.lm_head, h, sh.tokens); });
+  const double thb = timed(dev, [&] { loss.backward(); });
+  if (keep) sh.head_f.push_back(thf), sh.head_b.push_back(thb);
+}
+
 // Restores the thread count of LibTorch's intra-op pool.
 struct thread_scope {
   int saved = at::get_num_threads();
@@ -156,57 +210,39 @@ result<layer_profile> profile_layers(const project_config& cfg, const llama_conf
     const layer_context ctx{m.cfg, m.w.rope, &lora, true, dropout_key(static_cast<uint64_t>(cfg.run.seed), 0, 0)};
     const auto opts = at::TensorOptions().dtype(dtype).device(dev);
     const size_t kinds = m.w.layers.size();
-    std::vector<std::vector<double>> fwd(kinds), fwd_nograd(kinds), bwd(kinds);
-    std::vector<double> embed, head_f, head_b, graph(kinds, 0.0);
-    const at::Tensor tokens = torch::randint(mc.vocab_size, {rows, T}, at::TensorOptions().dtype(at::kLong).device(dev));  // i64 [B,T]
+    std::vector<double> graph(kinds, 0.0);
+    // The project's shape, and a second smaller one (half the rows, else half the sequence; none
+    // for a single token): the cost model charges other shapes along the line through both.
+    const int64_t rows2 = rows >= 2 ? rows / 2 : rows, T2 = rows >= 2 ? T : T / 2;
+    std::vector<shape_samples> shapes;
+    shapes.emplace_back(rows, T, kinds, mc.vocab_size, dev);
+    if (T2 >= 1 && rows2 * T2 < rows * T) shapes.emplace_back(rows2, T2, kinds, mc.vocab_size, dev);
     // Warm-up: at least o.warmup rounds and o.warmup_seconds (allocator, caches, clocks settle).
+    // Each round measures every shape, so a drift of the machine's speed hits both alike.
     double warm_s = 0, kept_s = 0;
     int warm = 0, round = 0;
     for (; round < warm + o.repeats || (kept_s < o.min_seconds && round < warm + o.max_repeats); ++round) {
       if (round == warm && (warm < o.warmup || warm_s < o.warmup_seconds)) ++warm;
       const bool keep = round >= warm;
       const auto round_start = clock_type::now();
-      at::Tensor x;  // [B,T,D]
-      const double te = timed(dev, [&] {
-        torch::NoGradGuard ng;
-        x = embed_with(m.cfg, m.w.embed, tokens);
-      });
-      if (keep) embed.push_back(te);
-      for (size_t k = 0; k < kinds; ++k) {
-        const auto l = static_cast<int64_t>(k);
-        at::Tensor leaf = x.detach().requires_grad_(true), y;
-        const double tf = timed(dev, [&] { y = decoder_layer(ctx, l, m.w.layers[k], leaf, 0, nullptr); });
-        const at::Tensor g = torch::randn_like(y) * 1e-3;  // [B,T,D]
-        const double tb = timed(dev, [&] { y.backward(g); });
-        const double tn = timed(dev, [&] {
+      for (auto& sh : shapes) measure_round(m, ctx, opts, dev, sh, keep);
+      if (round == warm) {  // once, warm: the graph one layer's forward keeps for its backward
+        at::Tensor x;       // [B,T,D]
+        {
           torch::NoGradGuard ng;
-          (void)decoder_layer(ctx, l, m.w.layers[k], x, 0, nullptr);
-        });
-        if (keep) fwd[k].push_back(tf), fwd_nograd[k].push_back(tn), bwd[k].push_back(tb);
-        if (round == warm) {  // once, warm: the graph one layer's forward keeps for its backward
+          x = embed_with(m.cfg, m.w.embed, shapes[0].tokens);
+        }
+        for (size_t k = 0; k < kinds; ++k) {
           at::Tensor again = x.detach().requires_grad_(true);
-          graph[k] = graph_bytes([&] { return decoder_layer(ctx, l, m.w.layers[k], again, 0, nullptr); });
+          graph[k] = graph_bytes([&] { return decoder_layer(ctx, static_cast<int64_t>(k), m.w.layers[k], again, 0, nullptr); });
         }
       }
-      at::Tensor h = (torch::randn({rows, T, mc.hidden_size}, opts)).requires_grad_(true), loss;  // [B,T,D]
-      const double thf = timed(dev, [&] { loss = head_loss_sum(m.cfg, m.w.final_norm, m.w.lm_head, h, tokens); });
-      const double thb = timed(dev, [&] { loss.backward(); });
-      if (keep) head_f.push_back(thf), head_b.push_back(thb);
       (keep ? kept_s : warm_s) += std::chrono::duration<double>(clock_type::now() - round_start).count();
     }
     layer_profile p;
     auto& c = p.compute;
-    c.rows = rows;
-    c.seq_len = T;
-    for (int64_t l = 0; l < mc.num_layers; ++l) {
-      const auto k = static_cast<size_t>(m.kind_of[static_cast<size_t>(l)]);
-      c.layer_forward_s.push_back(median(fwd[k]));
-      c.layer_forward_nograd_s.push_back(median(fwd_nograd[k]));
-      c.layer_backward_s.push_back(median(bwd[k]));
-    }
-    c.embed_s = median(embed);
-    c.head_forward_s = median(head_f);
-    c.head_backward_s = median(head_b);
+    static_cast<shape_times&>(c) = shapes[0].medians(m.kind_of);
+    if (shapes.size() > 1) c.second = shapes[1].medians(m.kind_of);
     p.device = dev.is_cpu() ? fmt::format("cpu ({} thread{})", at::get_num_threads(), at::get_num_threads() == 1 ? "" : "s")
                             : fmt::format("cuda:{}", dev.index());
     p.dtype = cfg.model.dtype;

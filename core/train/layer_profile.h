@@ -1,7 +1,8 @@
 // The layer profiler: on the device that will train (the project's first pipeline device, at speed 1),
 // a few warm-up rounds, then per decoder layer its forward with and without autograd and its
 // backward, the embedding, and the head's loss forward and backward (final norm, LM head, loss), for
-// micro-batches of the project's shape in its compute dtype, with its LoRA targets adapted. Layers
+// micro-batches of the project's shape and of a second, smaller one (half the rows, else half the
+// sequence; measured in the same rounds) in its compute dtype, with its LoRA targets adapted. Layers
 // of the same kind have the same shapes, so one layer of each kind (full or sliding-window
 // attention) is measured with random weights (nothing is read from disk) and stands for all of its
 // kind. The planner charges these times instead of FLOPs (compute_rates in cost_model.h); the cache
@@ -39,7 +40,7 @@ struct profile_options {
 };
 
 // Measures the project's layers for micro-batches of run.batch_size / parallel.micro_batches
-// sequences of data.seq_len tokens. CPU devices run with parallel.threads_per_device threads.
+// sequences of data.seq_len tokens (compute), and at the second shape (compute.second). CPU devices run with parallel.threads_per_device threads.
 result<layer_profile> profile_layers(const project_config& cfg, const llama_config& mc, const profile_options& o);
 
 }  // namespace lorapipe

@@ -173,6 +173,7 @@ struct profile_in_turns {
   compute_rates rates(int64_t count) const {
     const auto& takes = this->takes.at(count);
     auto m = std::make_shared<measured_compute>(takes.at(0));
+    m->second = {};  // each rig is charged at its own shape's profile
     const auto mid = [&](auto field) {
       std::vector<double> v;
       for (const auto& t : takes) v.push_back(field(t));
@@ -363,10 +364,13 @@ int main(int argc, char** argv) {
              "(1 thread each), copies throttled to {} GB/s\n",
              dim, layers, mc.num_parameters() / 1e6, batch, seq, gbps);
   fmt::print("layer profile ({:.2f} s, {} rounds at {} x {} tokens): layer forward {:.2f} ms (no autograd {:.2f}), backward {:.2f} ms; "
-             "head forward {:.2f} ms, backward {:.2f} ms\n",
+             "head forward {:.2f} ms, backward {:.2f} ms; at {} x {}: layer forward {:.2f} ms, backward {:.2f} ms, head forward {:.2f} ms, "
+             "backward {:.2f} ms\n",
              prof.seconds, prof.repeats, prof.compute.rows, prof.compute.seq_len, prof.compute.layer_forward_s[0] * 1e3,
              prof.compute.layer_forward_nograd_s[0] * 1e3, prof.compute.layer_backward_s[0] * 1e3, prof.compute.head_forward_s * 1e3,
-             prof.compute.head_backward_s * 1e3);
+             prof.compute.head_backward_s * 1e3, prof.compute.second.rows, prof.compute.second.seq_len,
+             prof.compute.second.layer_forward_s.at(0) * 1e3, prof.compute.second.layer_backward_s.at(0) * 1e3,
+             prof.compute.second.head_forward_s * 1e3, prof.compute.second.head_backward_s * 1e3);
 
   for (int i = 1; i < profiles; ++i) {
     const auto again = profile_layers(base, mc, {}).value();
