@@ -400,8 +400,8 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
   EXPECT_NE(compute_rates(100).describe().find("100 GFLOP/s"), std::string::npos);
   // A second shape measured (1 x 128, where a part per call weighs more): other shapes are charged
   // along the line through both in FLOPs. At either shape what was measured; at 4 x 128 the line
-  // extended, below proportion; a line that does not rise, or that reaches 0 before a shape, is
-  // noise and that shape is charged in proportion to the first.
+  // extended, below proportion; a line that does not rise, or rises faster than in proportion (its
+  // part per call below 0), is noise and every shape is charged in proportion to the first.
   auto both = std::make_shared<measured_compute>(*m);
   both->head_forward_s = 7e-3;
   both->head_backward_s = 11e-3;
@@ -418,7 +418,12 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
   EXPECT_NEAR(lined.head_forward(mc, 1, 128), 4e-3, 1e-15);
   EXPECT_NEAR(lined.layer_backward(mc, 3, 4, 128), 2 * 5e-3, 1e-15);  // 6 ms at 1 x 128 against 5 at 2 x 128: falls
   EXPECT_NEAR(lined.head_backward(mc, 2, 128), 11e-3, 1e-15);
-  EXPECT_NEAR(lined.head_backward(mc, 1, 16), 11e-3 * head_forward_flops(mc, 1, 16) / h2, 1e-15);  // the line is below 0 there
+  EXPECT_NEAR(lined.head_backward(mc, 1, 16), 11e-3 * head_forward_flops(mc, 1, 16) / h2, 1e-15);  // 1 ms at 1 x 128: steeper
+  EXPECT_NEAR(lined.head_backward(mc, 4, 128), 2 * 11e-3, 1e-15);
+  both->second.head_backward_s = 5e-3;  // still steeper than proportion: -1 ms per call
+  EXPECT_NEAR(lined.head_backward(mc, 4, 128), 2 * 11e-3, 1e-15);
+  both->second.head_backward_s = 6e-3;  // 1 ms per call, 5 ms per 1 x 128
+  EXPECT_NEAR(lined.head_backward(mc, 4, 128), 1e-3 + 5e-3 * h4 / h1, 1e-15);
   EXPECT_NE(lined.describe().find("2 x 128 and 1 x 128 tokens per micro-batch, other shapes along the line"), std::string::npos)
       << lined.describe();
   both->second.layer_backward_s.resize(7);  // a second shape that does not cover every layer is not used

@@ -130,15 +130,17 @@ sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int
 namespace {
 
 // Seconds at `flops` from `a` seconds measured at `fa` FLOPs and `b` at `fb` (the second shape; fb 0
-// when not measured): along the line through both, else in proportion to the first. A line that
-// does not rise with FLOPs, or that reaches 0 before `flops`, is noise: in proportion then.
+// when not measured): along the line through both (a part per call plus a part per FLOP), else in
+// proportion to the first. A line that does not rise with FLOPs, or rises faster than in proportion
+// (a part per call below 0: noise, or a shape past a cache's size), would mislead far from the two
+// shapes: in proportion then. So a larger shape is charged between its part per FLOP and proportion.
 double charged(double flops, double a, double fa, double b, double fb) {
   if (fa <= 0) return a;
   const double proportional = a * flops / fa;
   if (fb <= 0 || fb == fa || b <= 0) return proportional;
   const double slope = (a - b) / (fa - fb);
-  const double along = a + slope * (flops - fa);
-  return slope > 0 && along > 0 ? along : proportional;
+  const double per_call = a - slope * fa;
+  return slope > 0 && per_call >= 0 ? per_call + slope * flops : proportional;
 }
 
 bool has_second(const measured_compute& m, size_t layers) {

@@ -30,8 +30,8 @@ struct shape_times {
   double embed_s = 0, head_forward_s = 0, head_backward_s = 0;
 };
 // ... and the same at a second, smaller shape (`second.rows` 0 when not measured): other shapes are
-// then charged along the line through both in FLOPs (a part per call plus a part per FLOP: a small
-// micro-batch runs less efficiently than a large one), not in proportion to FLOPs.
+// then charged along the line through both in FLOPs (a part per call plus a part per FLOP, neither
+// below 0: a small micro-batch runs less efficiently than a large one), not in proportion to FLOPs.
 struct measured_compute : shape_times {
   shape_times second;
 };
@@ -39,7 +39,7 @@ struct measured_compute : shape_times {
 // What the cost model charges for compute: FLOPs at `gflops` per device (backward twice the
 // forward), or the layer profile's times when `measured` is set, scaled to other micro-batch shapes
 // along the line through its two shapes in FLOPs (in proportion to FLOPs with one shape, or when
-// the line does not rise).
+// the line does not rise or rises faster than in proportion).
 struct compute_rates {
   double gflops = 100;
   std::shared_ptr<const measured_compute> measured;
