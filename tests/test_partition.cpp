@@ -403,9 +403,7 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
   // extended, below proportion; a line that does not rise, or rises faster than in proportion (its
   // part per call below 0), is noise and every shape is charged in proportion to the first.
   auto both = std::make_shared<measured_compute>(*m);
-  both->head_forward_s = 7e-3;
-  both->head_backward_s = 11e-3;
-  both->second = {1, 128, std::vector<double>(8, 1.5e-3), std::vector<double>(8, 0.8e-3), std::vector<double>(8, 6e-3), 0.1e-3, 4e-3, 1e-3};
+  both->second = {1, 128, std::vector<double>(8, 1.5e-3), std::vector<double>(8, 0.8e-3), std::vector<double>(8, 6e-3), 0.06e-3, 4e-3, 1e-3};
   const compute_rates lined{std::shared_ptr<const measured_compute>(both)};
   const double f1 = layer_forward_flops(mc, 1, 128), f2 = layer_forward_flops(mc, 2, 128), f4 = layer_forward_flops(mc, 4, 128);
   const double h1 = head_forward_flops(mc, 1, 128), h2 = head_forward_flops(mc, 2, 128), h4 = head_forward_flops(mc, 4, 128);
@@ -414,6 +412,20 @@ TEST(Partition, LayerProfileTimesAreChargedAsTheExecutorRuns) {
   EXPECT_NEAR(lined.layer_forward(mc, 3, 1, 128, false), 0.8e-3, 1e-15);
   EXPECT_NEAR(lined.layer_forward(mc, 3, 4, 128), 2e-3 + 0.5e-3 / (f2 - f1) * (f4 - f2), 1e-15);
   EXPECT_LT(lined.layer_forward(mc, 3, 4, 128), rates.layer_forward(mc, 3, 4, 128));
+  // Past twice the first shape, in proportion to the line's value there (not the line extended).
+  const double f8 = layer_forward_flops(mc, 8, 128);
+  EXPECT_NEAR(lined.layer_forward(mc, 3, 8, 128), lined.layer_forward(mc, 3, 4, 128) * f8 / f4, 1e-15);
+  EXPECT_GT(lined.layer_forward(mc, 3, 8, 128), 2e-3 + 0.5e-3 / (f2 - f1) * (f8 - f2));
+  // The embedding along the line in tokens (0.1 ms at 256, 0.06 ms at 128: 0.02 ms per call): at 4 x
+  // 128 tokens (2 micro-batches of the 8 sequences) 0.18 ms, with three layers' forwards.
+  {
+    project_config wide = two_devices("1f1b", "");
+    wide.parallel.partition = "3,5";
+    wide.parallel.micro_batches = 2;
+    wide.offload.recompute = false;
+    const program p = project_program(wide, mc, lined).value();
+    EXPECT_NEAR(estimate_costs(p, mc, wide, lined).forward_s[0], 0.18e-3 + 3 * lined.layer_forward(mc, 0, 4, 128), 1e-12);
+  }
   EXPECT_NEAR(lined.head_forward(mc, 4, 128), 7e-3 + 3e-3 / (h2 - h1) * (h4 - h2), 1e-15);
   EXPECT_NEAR(lined.head_forward(mc, 1, 128), 4e-3, 1e-15);
   EXPECT_NEAR(lined.layer_backward(mc, 3, 4, 128), 2 * 5e-3, 1e-15);  // 6 ms at 1 x 128 against 5 at 2 x 128: falls

@@ -530,6 +530,37 @@ TEST(LayerProfile, MeasuresEveryLayerCachesAndPlansWithIt) {
     EXPECT_NE(old.describe().find("scaled by FLOPs"), std::string::npos) << old.describe();
     EXPECT_NE(rates.describe().find("along the line"), std::string::npos) << rates.describe();
   }
+  // A second shape that does not cover every layer is dropped when loaded; a profile missing a field
+  // of its own shape is unreadable (measured again), not zero.
+  {
+    auto j = nlohmann::json::parse(layer_profile_to_json(first->profile, first->key));
+    j["compute"]["second"]["layer_backward_s"] = nlohmann::json::array({1e-3});
+    auto partial = layer_profile_from_json(j.dump(), first->key);
+    ASSERT_TRUE(partial.ok()) << partial.message();
+    EXPECT_EQ(partial->compute.second.rows, 0);
+    EXPECT_EQ(layer_profile_text(*partial).find("at 1 x 64 tokens"), std::string::npos);
+    j = nlohmann::json::parse(layer_profile_to_json(first->profile, first->key));
+    j["compute"].erase("head_forward_s");
+    EXPECT_FALSE(layer_profile_from_json(j.dump(), first->key).ok());
+  }
+  // One sequence per micro-batch: the second shape halves the sequence; a single token has none.
+  {
+    profile_options quick;
+    quick.warmup = 1, quick.warmup_seconds = 0, quick.repeats = 1, quick.min_seconds = 0;
+    project_config one = c;
+    one.run.batch_size = one.parallel.micro_batches;
+    const auto p1 = profile_layers(one, mc, quick);
+    ASSERT_TRUE(p1.ok()) << p1.message();
+    EXPECT_EQ(p1->compute.rows, 1);
+    EXPECT_EQ(p1->compute.second.rows, 1);
+    EXPECT_EQ(p1->compute.second.seq_len, 32);
+    EXPECT_GT(p1->compute.second.layer_backward_s.at(4), 0);
+    one.data.seq_len = 1;
+    const auto p0 = profile_layers(one, mc, quick);
+    ASSERT_TRUE(p0.ok()) << p0.message();
+    EXPECT_EQ(p0->compute.second.rows, 0);
+    EXPECT_TRUE(p0->compute.second.layer_forward_s.empty());
+  }
   ASSERT_TRUE(write_file_atomic(first->cache_file, "{\"key\": \"" + first->key + "\"}").ok());
   EXPECT_EQ(project_compute_rates(c, mc, cache).measured, nullptr);
   auto third = profile_project(c, mc, req);

@@ -18,12 +18,18 @@
 
 namespace lorapipe {
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(shape_times, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s,
-                                                embed_s, head_forward_s, head_backward_s)
-// (`second` defaults: a profile cached before it was measured still loads, and is charged in
-// proportion to FLOPs.)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(measured_compute, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s,
-                                                embed_s, head_forward_s, head_backward_s, second)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(shape_times, rows, seq_len, layer_forward_s, layer_forward_nograd_s, layer_backward_s, embed_s,
+                                   head_forward_s, head_backward_s)
+void to_json(nlohmann::json& j, const measured_compute& m) {
+  j = static_cast<const shape_times&>(m);
+  j["second"] = m.second;
+}
+// `second` may be missing: a profile cached before it was measured still loads (charged in
+// proportion to FLOPs).
+void from_json(const nlohmann::json& j, measured_compute& m) {
+  static_cast<shape_times&>(m) = j.get<shape_times>();
+  m.second = j.contains("second") ? j.at("second").get<shape_times>() : shape_times{};
+}
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(layer_profile, compute, device, dtype, warmup, repeats, seconds, weight_bytes_per_layer,
                                    graph_bytes_per_token, graph_bytes_per_token_model)
 
@@ -89,6 +95,10 @@ result<layer_profile> layer_profile_from_json(const std::string& text, const std
     if (p.compute.layer_forward_s.empty() || p.compute.layer_backward_s.size() != p.compute.layer_forward_s.size() ||
         p.compute.layer_forward_nograd_s.size() != p.compute.layer_forward_s.size())
       return make_error("incomplete profile");
+    const auto& t = p.compute.second;  // a second shape that does not cover every layer is not used
+    const size_t n = p.compute.layer_forward_s.size();
+    if (t.rows <= 0 || t.seq_len <= 0 || t.layer_forward_s.size() != n || t.layer_forward_nograd_s.size() != n || t.layer_backward_s.size() != n)
+      p.compute.second = {};
     return p;
   } catch (const std::exception& e) {
     return make_error("unreadable profile: {}", e.what());
@@ -169,7 +179,7 @@ std::string layer_profile_text(const layer_profile& p) {
                           ms(c.layer_forward_nograd_s[l]), ms(c.layer_backward_s[l]));
   }
   std::string second;
-  if (const auto& t = c.second; t.rows > 0 && !t.layer_forward_s.empty())
+  if (const auto& t = c.second; t.rows > 0 && !t.layer_forward_s.empty() && !t.layer_forward_nograd_s.empty() && !t.layer_backward_s.empty())
     second = fmt::format("  at {} x {} tokens (other shapes are charged along the line between the two): layer 0 forward {} ms ({} ms "
                          "without autograd), backward {} ms; head forward {} ms, backward {} ms\n",
                          t.rows, t.seq_len, ms(t.layer_forward_s[0]), ms(t.layer_forward_nograd_s[0]), ms(t.layer_backward_s[0]),

@@ -129,23 +129,35 @@ sim_costs flop_costs(const program& p, const llama_config& mc, int64_t rows, int
 
 namespace {
 
-// Seconds at `flops` from `a` seconds measured at `fa` FLOPs and `b` at `fb` (the second shape; fb 0
-// when not measured): along the line through both (a part per call plus a part per FLOP), else in
-// proportion to the first. A line that does not rise with FLOPs, or rises faster than in proportion
-// (a part per call below 0: noise, or a shape past a cache's size), would mislead far from the two
-// shapes: in proportion then. So a larger shape is charged between its part per FLOP and proportion.
+// Seconds at `flops` from `a` seconds measured at `fa` FLOPs and `b` at `fb` (the second, smaller
+// shape; fb 0 when not measured): along the line through both (a part per call plus a part per
+// FLOP), else in proportion to the first. A line that does not rise with FLOPs, or rises faster than
+// in proportion (a part per call below 0: noise, or a shape past a cache's size), is not used. Past
+// twice the first shape the line is not extended (two small shapes on a GPU can look almost all
+// per-call time, which a large one is not): from there on in proportion to its value at twice.
 double charged(double flops, double a, double fa, double b, double fb) {
   if (fa <= 0) return a;
   const double proportional = a * flops / fa;
   if (fb <= 0 || fb == fa || b <= 0) return proportional;
   const double slope = (a - b) / (fa - fb);
   const double per_call = a - slope * fa;
-  return slope > 0 && per_call >= 0 ? per_call + slope * flops : proportional;
+  if (slope <= 0 || per_call < 0) return proportional;
+  const double reach = 2 * fa;
+  return flops <= reach ? per_call + slope * flops : (per_call + slope * reach) * flops / reach;
 }
+
+// Tokens per micro-batch of a shape: what the embedding's gather scales with.
+double tokens_of(int64_t rows, int64_t seq_len) { return static_cast<double>(rows) * static_cast<double>(seq_len); }
 
 bool has_second(const measured_compute& m, size_t layers) {
   return m.second.rows > 0 && m.second.seq_len > 0 && m.second.layer_forward_s.size() == layers &&
          m.second.layer_forward_nograd_s.size() == layers && m.second.layer_backward_s.size() == layers;
+}
+
+double embed_seconds(const measured_compute& m, int64_t rows, int64_t seq_len) {
+  const bool two = has_second(m, m.layer_forward_s.size());
+  return charged(tokens_of(rows, seq_len), m.embed_s, tokens_of(m.rows, m.seq_len), two ? m.second.embed_s : 0,
+                 two ? tokens_of(m.second.rows, m.second.seq_len) : 0);
 }
 
 }  // namespace
@@ -227,7 +239,7 @@ sim_costs estimate_costs(const program& p, const llama_config& mc, const project
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const auto& st = p.stages[s];
       const bool keeps_graph = graph[s] && !recomputed[s];
-      double fwd = st.has_embed ? rates.measured->embed_s : 0.0, fwd_grad = fwd, bwd = 0;
+      double fwd = st.has_embed ? embed_seconds(*rates.measured, rows, T) : 0.0, fwd_grad = fwd, bwd = 0;
       for (int32_t l = st.first_layer; l < st.last_layer; ++l) {
         fwd += rates.layer_forward(mc, l, rows, T, keeps_graph);
         fwd_grad += rates.layer_forward(mc, l, rows, T, true);

@@ -171,12 +171,12 @@ struct profile_in_turns {
   }
   size_t rounds() const { return takes.empty() ? 0 : takes.begin()->second.size(); }
   compute_rates rates(int64_t count) const {
-    const auto& takes = this->takes.at(count);
-    auto m = std::make_shared<measured_compute>(takes.at(0));
+    const auto& mine = takes.at(count);
+    auto m = std::make_shared<measured_compute>(mine.at(0));
     m->second = {};  // each rig is charged at its own shape's profile
     const auto mid = [&](auto field) {
       std::vector<double> v;
-      for (const auto& t : takes) v.push_back(field(t));
+      for (const auto& t : mine) v.push_back(field(t));
       return median(v);
     };
     for (size_t l = 0; l < m->layer_forward_s.size(); ++l) {
@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
   int profiles = 0;
   std::string backward_devices = "cpu:2";
   double cross_gbps = 0.1;
-  app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)");
+  app.add_option("--steps", steps, "Measured steps per configuration (after a warm-up and two profiling steps)")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers);
   app.add_option("--dim", dim);
   app.add_option("--seq-len", seq);
@@ -369,7 +369,8 @@ int main(int argc, char** argv) {
              prof.seconds, prof.repeats, prof.compute.rows, prof.compute.seq_len, prof.compute.layer_forward_s[0] * 1e3,
              prof.compute.layer_forward_nograd_s[0] * 1e3, prof.compute.layer_backward_s[0] * 1e3, prof.compute.head_forward_s * 1e3,
              prof.compute.head_backward_s * 1e3, prof.compute.second.rows, prof.compute.second.seq_len,
-             prof.compute.second.layer_forward_s.at(0) * 1e3, prof.compute.second.layer_backward_s.at(0) * 1e3,
+             prof.compute.second.layer_forward_s.empty() ? 0.0 : prof.compute.second.layer_forward_s[0] * 1e3,
+             prof.compute.second.layer_backward_s.empty() ? 0.0 : prof.compute.second.layer_backward_s[0] * 1e3,
              prof.compute.second.head_forward_s * 1e3, prof.compute.second.head_backward_s * 1e3);
 
   for (int i = 1; i < profiles; ++i) {
@@ -446,7 +447,7 @@ int main(int argc, char** argv) {
              "... in turns", "own compute", "FLOP model");
   double worst = 0, worst_layers = 0, worst_turns = 0, worst_own = 0;
   const rig *fastest = nullptr, *pick = nullptr, *flop_pick = nullptr, *layer_pick = nullptr, *turns_pick = nullptr;
-  std::vector<double> turn_predicted;
+  double turns_best = 0;
   for (const auto& r : rigs) {
     const double m = median(r->times), turn = turns.predicted_s(*r), own = r->predicted_from_own_compute();
     const double err = r->profiled_predicted_s / m - 1, lerr = r->layer_predicted_s / m - 1, terr = turn / m - 1, oerr = own / m - 1;
@@ -461,7 +462,7 @@ int main(int argc, char** argv) {
     if (!pick || r->profiled_predicted_s < pick->profiled_predicted_s) pick = r.get();
     if (!flop_pick || r->flop_predicted_s < flop_pick->flop_predicted_s) flop_pick = r.get();
     if (!layer_pick || r->layer_predicted_s < layer_pick->layer_predicted_s) layer_pick = r.get();
-    if (!turns_pick || turn < turn_predicted.back()) turns_pick = r.get(), turn_predicted.push_back(turn);
+    if (!turns_pick || turn < turns_best) turns_pick = r.get(), turns_best = turn;
   }
   if (!fastest) return 0;
   fmt::print("  step-time prediction: worst error {:.1f}% from the two-step profile, {:.1f}% from the layer profile, {:.1f}% from the "
