@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -78,16 +80,37 @@ result<double> finish(const timed_copy& t, size_t bytes, clock_type::time_point 
 
 enum class direction { h2d, d2h };
 
+// Holds each engine's next job until every engine is at it (or until `limit`), so copies timed
+// "at once" start together: an engine that a busy host wakes late would otherwise find its link
+// already taken and leave the others a share they never had to give up.
+class start_gate {
+ public:
+  start_gate(size_t engines, clock_type::time_point limit) : waiting_(engines), limit_(limit) {}
+  void arrive_and_wait() {
+    std::unique_lock lock(mu_);
+    if (waiting_ > 0 && --waiting_ == 0) cv_.notify_all();
+    cv_.wait_until(lock, limit_, [&] { return waiting_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t waiting_;
+  clock_type::time_point limit_;
+};
+
+copy_engine& engine_of(compute_device& d, direction dir) { return dir == direction::h2d ? d.upload() : d.download(); }
+
 // The copy of one direction on device `d`: a host tensor in, or a device tensor out.
 timed_copy start(compute_device& d, direction dir, const at::Tensor& host, const at::Tensor& on_device) {
   const size_t bytes = static_cast<size_t>(host.numel());
   if (dir == direction::h2d) {
     auto out = std::make_shared<at::Tensor>();
-    auto t = submit_copy(d.upload(), bytes, [dev = &d, host, out] { *out = dev->copy_in(host); });
+    auto t = submit_copy(engine_of(d, dir), bytes, [dev = &d, host, out] { *out = dev->copy_in(host); });
     t.result = out;
     return t;
   }
-  return submit_copy(d.download(), bytes, [dev = &d, on_device] { (void)dev->copy_out(on_device); });
+  return submit_copy(engine_of(d, dir), bytes, [dev = &d, on_device] { (void)dev->copy_out(on_device); });
 }
 
 struct probe_run {
@@ -145,9 +168,14 @@ struct probe_run {
     for (size_t i = 0; i < devs.size(); ++i)
       if (usable(i) && !inv.devices[i].upstream.empty()) sharing = std::max(sharing, ++on_link[inv.devices[i].upstream.front()]);
     if (!may_start(slowest / sharing)) return;
-    std::vector<std::pair<size_t, timed_copy>> running;
+    std::vector<size_t> usable_devices;
     for (size_t i = 0; i < devs.size(); ++i)
-      if (usable(i)) running.emplace_back(i, start(*devs[i], dir, host, on_device[i]));
+      if (usable(i)) usable_devices.push_back(i);
+    // The engines take their copies together, at most a second after the first is ready.
+    auto gate = std::make_shared<start_gate>(usable_devices.size(), std::min(deadline, clock_type::now() + std::chrono::seconds(1)));
+    for (size_t i : usable_devices) (void)engine_of(*devs[i], dir).submit(0, [gate] { gate->arrive_and_wait(); });
+    std::vector<std::pair<size_t, timed_copy>> running;
+    for (size_t i : usable_devices) running.emplace_back(i, start(*devs[i], dir, host, on_device[i]));
     std::vector<bool> seen(running.size(), false);
     for (size_t left = running.size(); left > 0 && clock_type::now() < deadline;) {
       for (size_t k = 0; k < running.size(); ++k) {

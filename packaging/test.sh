@@ -11,4 +11,11 @@ if ! "$venv/bin/python" -c "import transformers, peft" 2>/dev/null; then
 fi
 bash "$root/packaging/build.sh"
 cd "${LORAPIPE_BUILD_DIR:-$root/build}"
-ctest --output-on-failure --timeout 1800 "$@"
+rc=0
+ctest --output-on-failure --timeout 1800 "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ -f Testing/Temporary/LastTest.log ]; then
+  # The failed assertions again, last: a CI log cut in the middle still ends with them.
+  echo "[test] failed assertions (from $(pwd)/Testing/Temporary/LastTest.log):" >&2
+  grep -a -A6 -E ': Failure$|^FAIL' Testing/Temporary/LastTest.log | cut -c1-300 | tail -n 40 >&2 || true
+fi
+exit "$rc"

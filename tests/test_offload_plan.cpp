@@ -268,26 +268,78 @@ TEST(DeviceMemory, PipelineDevicesOnOneGpuShareItsBudget) {
   EXPECT_LE(on_gpu0, 18'000u);
 }
 
-// A shared link's turns: one copy alone runs at the link's rate from when it is ready; a copy ready
-// while another holds the link waits for it; a link idle since goes back to "ready".
-TEST(SharedLink, TurnsFollowOneAnotherAtTheLinksRate) {
-  using ms = std::chrono::milliseconds;
-  shared_link link(1e6);  // 1 MB/s: 1000 bytes take 1 ms
-  const shared_link::time_point t0{};
-  EXPECT_EQ(link.reserve(1000, t0 + ms(10)), t0 + ms(11));
-  EXPECT_EQ(link.reserve(1000, t0 + ms(10)), t0 + ms(12));  // ready at the same time: after the first
-  EXPECT_EQ(link.reserve(2000, t0 + ms(11)), t0 + ms(14));
-  EXPECT_EQ(link.reserve(1000, t0 + ms(20)), t0 + ms(21));  // idle from 14 to 20 ms
-  // Two engines alternating turns of 1000 bytes, each ready when its previous turn ends, finish
-  // together at twice the time one alone would take.
-  shared_link two(1e6);
-  shared_link::time_point a = t0, b = t0;
-  for (int turn = 0; turn < 5; ++turn) {
-    a = two.reserve(1000, a);
-    b = two.reserve(1000, b);
+// A shared link divides its bandwidth equally among the transfers in flight: one alone runs at the
+// link's rate; two at once end together at twice the time, however unevenly their threads look at
+// the link (the turns it used to hand out went to whichever thread asked first, so one woken late by
+// a busy host lost its share); one that joins later slows the others only while both are in flight;
+// one that leaves (a failed copy) gives its share back.
+TEST(SharedLink, DividesItsBandwidthAmongTheTransfersInFlight) {
+  fluid_link link(1e6);  // 1 MB/s: 1000 bytes take 1 ms
+  const uint64_t alone = link.join(1000, 0.010);
+  EXPECT_DOUBLE_EQ(link.end_of(alone), 0.011);
+  link.advance(0.0112);
+  EXPECT_TRUE(link.through(alone));
+  // Two at once, the link looked at unevenly: both through at 2 ms, not before.
+  const uint64_t a = link.join(1000, 0.040), b = link.join(1000, 0.040);
+  EXPECT_NEAR(link.end_of(a), 0.042, 1e-12);
+  for (double t : {0.0401, 0.0413, 0.04131, 0.0419}) {
+    link.advance(t);
+    EXPECT_FALSE(link.through(a)) << t;
+    EXPECT_FALSE(link.through(b)) << t;
   }
-  EXPECT_EQ(a, t0 + ms(9));
-  EXPECT_EQ(b, t0 + ms(10));
+  link.advance(0.042 + 1e-9);
+  EXPECT_TRUE(link.through(a));
+  EXPECT_TRUE(link.through(b));
+  // 1000 bytes at 50 ms, 3000 joining at 50.5 ms: the first has 500 left, passed at half the rate
+  // (through at 51.5 ms); the second passed 500 by then and the rest alone (through at 54 ms).
+  const uint64_t first = link.join(1000, 0.050);
+  link.advance(0.0505);
+  const uint64_t second = link.join(3000, 0.0505);
+  EXPECT_NEAR(link.end_of(first), 0.0515, 1e-12);
+  EXPECT_NEAR(link.end_of(second), 0.054, 1e-12);
+  link.advance(0.0516);
+  EXPECT_TRUE(link.through(first));
+  EXPECT_FALSE(link.through(second));
+  EXPECT_NEAR(link.end_of(second), 0.054, 1e-12);
+  EXPECT_EQ(link.in_flight(), 1u);
+  link.advance(0.054 + 1e-9);
+  EXPECT_EQ(link.in_flight(), 0u);
+  // 2000 bytes each from 60 ms; one leaves at 61 ms (500 passed): the other is alone from then.
+  const uint64_t stays = link.join(2000, 0.060), fails = link.join(2000, 0.060);
+  link.advance(0.061);
+  link.leave(fails);
+  EXPECT_NEAR(link.end_of(stays), 0.0625, 1e-12);
+  EXPECT_EQ(link.in_flight(), 1u);
+}
+
+// On real threads: two engines on one link, the second given its copy 20 ms late (a thread a busy
+// host woke late). Neither is through before the link could carry it: the early one passes alone
+// until the late one joins, then at half the rate; both together take 1 MB at 10 MB/s. A copy is on
+// the link while its engine runs the job (a 30 ms job on the late one delays nothing).
+TEST(SharedLink, EnginesOnOneLinkShareItFromWhenBothAreOnIt) {
+  using clock = std::chrono::steady_clock;
+  auto link = std::make_shared<shared_link>(10e6);  // 10 MB/s: 500 KB take 50 ms
+  copy_engine early("early", 0, 0, link), late("late", 0, 0, link);
+  const auto t0 = clock::now();
+  auto joined = std::make_shared<clock::time_point>();
+  auto fe = early.submit(500'000, [] {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto fl = late.submit(500'000, [joined] {
+    *joined = clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  });
+  fe.wait();
+  const auto end_early = clock::now();
+  fl.wait();
+  const auto end_late = clock::now();
+  const auto ms = [&](clock::time_point t) { return std::chrono::duration<double, std::milli>(t - t0).count(); };
+  // The early one passed 10 KB/ms alone until the late one joined, the rest at 5 KB/ms.
+  const double j = ms(*joined), early_model = j < 50 ? j + 2 * (500 - 10 * j) / 10 : 50;
+  std::printf("two 500 KB copies on a 10 MB/s link, one joining at %.1f ms: through at %.1f (model %.1f) and %.1f ms\n", j,
+              ms(end_early), early_model, ms(end_late));
+  EXPECT_GE(ms(end_early), early_model - 0.5);
+  EXPECT_GE(ms(end_late), 99.5);
+  EXPECT_GE(ms(end_late), ms(end_early));
 }
 
 // cuBLAS workspaces as LibTorch sizes them: its default by compute capability, CUBLAS_WORKSPACE_CONFIG

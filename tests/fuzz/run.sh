@@ -32,15 +32,17 @@ seeds=("$root/tests/fixtures/tokenizers/tok512-metaspace/tokenizer.json $root/te
        "$root/resources/examples/stories260K-shakespeare.json $root/resources/examples/stories260K-quiz-chat.json"
        "$data/models/stories260K/hf-bf16/model.safetensors")
 status=0
+# One binary for every target (one compile and link instead of five); LORAPIPE_FUZZ_TARGET picks.
+"$cxx" "${flags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/fuzz_targets.cpp" "${objs[@]}" "${libs[@]}" -o "$out/fuzz_parsers"
 for i in "${!names[@]}"; do
   n="${names[$i]}"; t=$((i + 1))
-  "$cxx" "${flags[@]}" -fsanitize=fuzzer -DLORAPIPE_FUZZ_TARGET=$t "$root/tests/fuzz/fuzz_targets.cpp" "${objs[@]}" "${libs[@]}" -o "$out/fuzz_$n"
   corpus="$out/corpus_$n"; mkdir -p "$corpus"
   for f in ${seeds[$i]}; do [ -f "$f" ] && head -c 8192 "$f" > "$corpus/seed_$(basename "$f")"; done
-  echo "fuzz_$n: ${secs}s"
-  if ! (cd "$out" && ASAN_OPTIONS=detect_leaks=1 "./fuzz_$n" "$corpus" -max_total_time="$secs" -max_len=16384 -timeout=10 \
-        -rss_limit_mb=2048 -print_final_stats=1 2>"$out/fuzz_$n.log"); then
-    echo "fuzz_$n FAILED (see $out/fuzz_$n.log):"; tail -40 "$out/fuzz_$n.log"; status=1
+  echo "fuzz_$n (LORAPIPE_FUZZ_TARGET=$t): ${secs}s"
+  if ! (cd "$out" && LORAPIPE_FUZZ_TARGET=$t ASAN_OPTIONS=detect_leaks=1 ./fuzz_parsers "$corpus" -max_total_time="$secs" -max_len=16384 \
+        -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>"$out/fuzz_$n.log"); then
+    echo "fuzz_$n FAILED (see $out/fuzz_$n.log; LORAPIPE_FUZZ_TARGET=$t $out/fuzz_parsers CRASH_FILE reproduces it):"
+    tail -40 "$out/fuzz_$n.log"; status=1
   else
     grep -E "stat::number_of_executed_units|cov:" "$out/fuzz_$n.log" | tail -2
   fi
