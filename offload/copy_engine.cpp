@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iterator>
 #include <thread>
 
@@ -19,6 +20,7 @@ void fluid_link::advance(double to) {
   double dt = to - at_;
   if (dt <= 0) return;
   at_ = to;
+  if (!(bytes_per_s_ > 0 && std::isfinite(bytes_per_s_))) left_.clear();  // no limit: through at once
   while (dt > 0 && !left_.empty()) {
     const auto n = static_cast<double>(left_.size());
     double smallest = left_.begin()->second;
@@ -112,7 +114,7 @@ void copy_engine::run() {
       queue_.pop_front();
     }
     const auto start = clock::now();
-    const bool on_link = link_ && link_->bytes_per_s() > 0;
+    const bool on_link = link_ && link_->bytes_per_s() > 0 && std::isfinite(link_->bytes_per_s());
     const uint64_t transfer = on_link ? link_->enter(t.bytes) : 0;  // on the link from now, like a DMA
     try {
       // The job (and whatever it captured) is destroyed before the copy is reported done, so a

@@ -171,7 +171,7 @@ struct probe_run {
     std::vector<size_t> usable_devices;
     for (size_t i = 0; i < devs.size(); ++i)
       if (usable(i)) usable_devices.push_back(i);
-    // The engines take their copies together, at most a second after the first is ready.
+    // The engines take their copies together, or each after a second from now at the latest.
     auto gate = std::make_shared<start_gate>(usable_devices.size(), std::min(deadline, clock_type::now() + std::chrono::seconds(1)));
     for (size_t i : usable_devices) (void)engine_of(*devs[i], dir).submit(0, [gate] { gate->arrive_and_wait(); });
     std::vector<std::pair<size_t, timed_copy>> running;
