@@ -10,7 +10,8 @@
 #include <optional>
 #include <set>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/base/errors.h"
 #include "core/base/safetensors.h"

@@ -8,7 +8,8 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/model/generate.h"
 #include "core/model/llama_model.h"

@@ -5,7 +5,8 @@
 
 #include <filesystem>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/model/llama_model.h"
 #include "core/model/lora.h"

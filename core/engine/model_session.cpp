@@ -1,7 +1,8 @@
 // Model sessions and model-level library calls: see model_session.h.
 #include "core/engine/model_session.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include <cstring>
 

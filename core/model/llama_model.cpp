@@ -5,11 +5,11 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace lorapipe {
-namespace F = torch::nn::functional;
-
 namespace {
 
 at::Tensor rms_norm(const llama_config& cfg, const at::Tensor& x /*[...,N]*/, const at::Tensor& weight /*[N]*/) {
@@ -109,7 +109,7 @@ uint64_t dropout_key(uint64_t seed, int64_t step, int64_t micro_batch) {
 }
 
 at::Tensor embed_with(const llama_config& cfg, const at::Tensor& embed, const at::Tensor& tokens) {
-  auto x = F::embedding(tokens, embed);  // [B,T,D]
+  auto x = at::embedding(embed, tokens);  // [B,T,D] (F::embedding without options)
   if (!cfg.scale_embeddings) return x;
   // transformers: the scale as a tensor cast to the weight dtype
   return x * torch::tensor(std::sqrt(static_cast<double>(cfg.hidden_size)), torch::kFloat).to(x.device(), x.scalar_type());
@@ -289,14 +289,14 @@ at::Tensor head_loss_sum(const llama_config& cfg, const at::Tensor& final_norm, 
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t V = logits.size(-1);
-  return F::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat), labels.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(-100));
+  return at::cross_entropy_loss(logits.reshape({-1, V}).to(torch::kFloat), labels.reshape({-1}), {}, at::Reduction::Mean,
+                                /*ignore_index=*/-100);
 }
 
 at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t V = logits.size(-1);
-  return F::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat), labels.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  return at::cross_entropy_loss(logits.reshape({-1, V}).to(torch::kFloat), labels.reshape({-1}), {}, at::Reduction::Sum,
+                                /*ignore_index=*/-100);
 }
 
 }  // namespace lorapipe

@@ -11,7 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/json_parse.h"
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/model/llama_model.h"
 #include "core/base/safetensors.h"

@@ -3,7 +3,8 @@
 
 #include <cmath>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 namespace lorapipe {
 

@@ -1,7 +1,8 @@
 // safetensors <-> torch: see tensor_io.h.
 #include "core/model/tensor_io.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 namespace lorapipe {
 

@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <thread>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/model/generate.h"
 #include "core/model/tensor_io.h"

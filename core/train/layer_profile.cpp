@@ -9,7 +9,8 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/base/device_spec.h"
 #include "core/model/llama_model.h"

@@ -7,7 +7,8 @@
 
 #include <unistd.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/base/errors.h"
 #include "core/pipeline/cost_model.h"

@@ -5,7 +5,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/base/json_parse.h"
 #include "core/base/safetensors.h"

@@ -10,7 +10,8 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/base/file_io.h"
 #include "core/data/dataset.h"

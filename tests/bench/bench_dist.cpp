@@ -11,7 +11,8 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/base/child_process.h"
 #include "core/model/lora.h"

@@ -15,7 +15,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/model/llama_model.h"
 #include "core/pipeline/pipeline_executor.h"

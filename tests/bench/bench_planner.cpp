@@ -40,7 +40,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/engine/device_inventory.h"
 #include "core/pipeline/cost_model.h"

@@ -9,7 +9,8 @@
 //   relay-leave: as relay, but the last rank leaves the group at once, sending nothing.
 // Exit: 0 done, 2 join refused (message on stderr), 3 a check failed, 4 a call failed.
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cstdio>

@@ -5,7 +5,8 @@
 // this rank ran.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include <csignal>
 #include <string>

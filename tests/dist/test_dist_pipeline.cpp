@@ -5,7 +5,9 @@
 // mid-run: rank 0's step fails within the timeout naming it.
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
+#include <torch/serialize.h>
 
 #include "core/base/child_process.h"
 #include "tests/dist/pipeline_case.h"

@@ -19,7 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "offload/process_group.h"
 #include "core/base/child_process.h"

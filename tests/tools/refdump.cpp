@@ -3,7 +3,8 @@
 // and the logits after the step. Used by tests/reference/check_engine.py.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not <torch/torch.h>: its nn/optim/data/jit parts cost ~20 s a file
+#include <torch/utils.h>
 
 #include "core/model/llama_model.h"
 #include "core/model/lora.h"
