@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "tests/dist/pipeline_case.h"
+#include <torch/serialize.h>
 
 using namespace lorapipe;
 
