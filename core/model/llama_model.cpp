@@ -87,14 +87,12 @@ at::Tensor attention(const llama_config& cfg, const at::Tensor& q /*[B,nh,T,hd]*
                      const at::Tensor& v /*[B,nh,S,hd]*/, int64_t start_pos, int64_t window) {
   const int64_t T = q.size(2), S = k.size(2);
   if (window >= S) window = 0;  // every key is inside the window
-#if TORCH_VERSION_MAJOR >= 2
-  if (!cfg.eager_attention()) {
+  if (!cfg.eager_attention()) {  // LibTorch >= 2 (a TORCH_VERSION test needs <torch/version.h>: it read 0 without)
     const double scale = cfg.attention_scale();
     if (window == 0 && ((start_pos == 0 && T == S) || T == 1))
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, T > 1, scale);
     return at::scaled_dot_product_attention(q, k, v, attention_mask(T, S, start_pos, window, q.options()), 0.0, false, scale);
   }
-#endif
   return eager_attention(cfg, q, k, v, start_pos, window);
 }
 
